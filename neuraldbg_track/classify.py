@@ -1,0 +1,165 @@
+"""Pure classification: statistics + thresholds (+ the layer's current state for hysteresis) -> a
+:class:`Verdict`. Nothing here touches tensors or keeps state; the small histories that some rules
+need (:class:`NormWindow`, :class:`Baseline`) are passed in and updated by the caller.
+
+Margins are the evidence for a verdict: in *decades* (log10 units) for norms and RMS shifts, and
+as a fraction of the remaining range past the threshold for fractions (0 = at the threshold,
+1 = at the extreme). :mod:`neuraldbg_track.transitions` turns margins into confidence.
+
+Hysteresis: entering a state uses the threshold; *staying* in it uses the threshold moved by
+``hysteresis`` toward the healthy side (norms: ``hysteresis`` decades; fractions: the threshold
+times ``1 - hysteresis / 2``), so a statistic hovering at a threshold cannot flap.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import Thresholds
+from .events import ActivationRegime as A
+from .events import GradientHealth as G
+from .stats import ActivationStats, GradientStats
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str
+    margin: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+    scale: float = 0.5
+    """The margin at which evidence is ~63% strong: 0.5 decades for norms, 0.25 for fractions."""
+
+
+FRACTION_SCALE = 0.25
+
+
+def _decades(a: float, b: float) -> float:
+    """log10(a / b), with 0 mapped to +inf distance."""
+    if a <= 0:
+        return -math.inf
+    if b <= 0:
+        return math.inf
+    return math.log10(a / b)
+
+
+class NormWindow:
+    """The last ``size`` finite gradient norms of a layer, for the stability rule of SATURATED."""
+
+    def __init__(self, size: int) -> None:
+        self.values: deque[float] = deque(maxlen=size)
+
+    def add(self, norm: float) -> None:
+        if math.isfinite(norm):
+            self.values.append(norm)
+
+    def cv(self) -> float | None:
+        """Coefficient of variation (population std / mean) once the window is full, else None."""
+        if len(self.values) < (self.values.maxlen or 0):
+            return None
+        mean = sum(self.values) / len(self.values)
+        if mean <= 0:
+            return None
+        var = sum((v - mean) ** 2 for v in self.values) / len(self.values)
+        return math.sqrt(var) / mean
+
+
+def classify_gradient(stats: GradientStats, current: str, th: Thresholds,
+                      window: NormWindow) -> Verdict:
+    """NON_FINITE > EXPLODING > VANISHING > SATURATED > HEALTHY; see the module docstring."""
+    g = stats.norm
+    if stats.nonfinite or not math.isfinite(g):
+        return Verdict(G.NON_FINITE.value, math.inf,
+                       {"grad_norm": g, "nonfinite": True, "nonfinite_count": stats.nonfinite_count})
+    h = th.hysteresis
+    explode_at = th.exploding / 10 ** h if current == G.EXPLODING.value else th.exploding
+    vanish_at = th.vanishing * 10 ** h if current == G.VANISHING.value else th.vanishing
+    evidence: dict[str, Any] = {"grad_norm": g}
+    if g > explode_at:
+        return Verdict(G.EXPLODING.value, _decades(g, th.exploding),
+                       {**evidence, "threshold": th.exploding, "applied_threshold": explode_at})
+    if g < vanish_at:
+        return Verdict(G.VANISHING.value, _decades(th.vanishing, g) if g > 0 else math.inf,
+                       {**evidence, "threshold": th.vanishing, "applied_threshold": vanish_at})
+    staying = current == G.SATURATED.value
+    sat_norm = th.saturation_norm / 10 ** h if staying else th.saturation_norm
+    cv_limit = th.saturation_cv * 10 ** h if staying else th.saturation_cv
+    cv = window.cv()
+    if g >= sat_norm and cv is not None and cv < cv_limit:
+        margin = min(_decades(g, th.saturation_norm), _decades(th.saturation_cv, cv) if cv > 0 else math.inf)
+        return Verdict(G.SATURATED.value, max(margin, 0.0),
+                       {**evidence, "cv": cv, "threshold": th.saturation_norm, "cv_threshold": th.saturation_cv})
+    margin = min(_decades(g, th.vanishing), _decades(th.exploding, g))
+    return Verdict(G.HEALTHY.value, margin, evidence)
+
+
+class Baseline:
+    """A layer's own recent activation level: an EMA of log10(RMS) over its NORMAL observations.
+
+    ANOMALOUS means the RMS is ``anomaly_decades`` away from this baseline. Anomalous observations
+    do not move the baseline; if a shifted level holds for ``rebaseline_after`` observations it
+    becomes the new baseline (the layer settled at a new level and returns to NORMAL).
+    """
+
+    def __init__(self, decay: float, warmup: int, rebaseline_after: int) -> None:
+        self.decay, self.warmup, self.rebaseline_after = decay, warmup, rebaseline_after
+        self.level: float | None = None
+        self.count = 0
+        self._shifted: list[float] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.count >= self.warmup
+
+    def update(self, rms: float, anomalous: bool) -> None:
+        if not (math.isfinite(rms) and rms > 0):
+            return
+        value = math.log10(rms)
+        if anomalous and self.ready:
+            self._shifted.append(value)
+            if len(self._shifted) >= self.rebaseline_after:
+                self.level = sum(self._shifted) / len(self._shifted)
+                self._shifted.clear()
+            return
+        self._shifted.clear()
+        self.level = value if self.level is None else self.decay * self.level + (1 - self.decay) * value
+        self.count += 1
+
+
+def classify_activation(stats: ActivationStats, current: str, th: Thresholds,
+                        baseline: Baseline) -> Verdict:
+    """non-finite -> ANOMALOUS; then DEAD > SATURATED > ANOMALOUS (shift) > NORMAL."""
+    evidence: dict[str, Any] = {"rms": stats.rms, "mean": stats.mean, "std": stats.std,
+                                "dead_fraction": stats.dead_fraction}
+    if stats.saturated_fraction is not None:
+        evidence["saturated_fraction"] = stats.saturated_fraction
+    if not stats.finite:
+        return Verdict(A.ANOMALOUS.value, math.inf, {**evidence, "nonfinite": True})
+    keep = 1 - th.hysteresis / 2
+    dead_at = th.dead_fraction * keep if current == A.DEAD.value else th.dead_fraction
+    if stats.dead_fraction >= dead_at:
+        return Verdict(A.DEAD.value, _fraction_margin(stats.dead_fraction, th.dead_fraction),
+                       {**evidence, "threshold": th.dead_fraction, "applied_threshold": dead_at}, FRACTION_SCALE)
+    if stats.saturated_fraction is not None:
+        sat_at = th.saturated_fraction * keep if current == A.SATURATED.value else th.saturated_fraction
+        if stats.saturated_fraction >= sat_at:
+            return Verdict(A.SATURATED.value, _fraction_margin(stats.saturated_fraction, th.saturated_fraction),
+                           {**evidence, "threshold": th.saturated_fraction, "applied_threshold": sat_at},
+                           FRACTION_SCALE)
+    if baseline.ready and baseline.level is not None and stats.rms > 0:
+        shift = abs(math.log10(stats.rms) - baseline.level)
+        limit = th.anomaly_decades - th.hysteresis if current == A.ANOMALOUS.value else th.anomaly_decades
+        evidence.update(baseline_rms=10 ** baseline.level, shift_decades=shift)
+        if shift >= max(limit, 0.0):
+            return Verdict(A.ANOMALOUS.value, shift - th.anomaly_decades,
+                           {**evidence, "threshold": th.anomaly_decades})
+        return Verdict(A.NORMAL.value, th.anomaly_decades - shift, evidence)
+    return Verdict(A.NORMAL.value, (th.dead_fraction - stats.dead_fraction) / th.dead_fraction, evidence,
+                   FRACTION_SCALE)
+
+
+def _fraction_margin(value: float, threshold: float) -> float:
+    """How far ``value`` is past ``threshold``, as a share of the room left beyond it (can be < 0)."""
+    room = 1.0 - threshold if value >= threshold else threshold
+    return (value - threshold) / room if room > 0 else 1.0

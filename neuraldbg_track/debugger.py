@@ -1,0 +1,218 @@
+"""``NeuralDbg``: attach to a model, watch each optimizer step, emit events on state changes.
+
+Data flows one way: hooks -> stats (device) -> one transfer -> classify -> transitions -> sinks.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from collections import deque
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from .classify import Baseline, NormWindow, classify_activation, classify_gradient
+from .config import ConfigError, Thresholds, WatchConfig, thresholds_from
+from .events import EventType, SemanticEvent
+from .hooks import Gate, HookSet, Layer, select_layers
+from .sinks import ConsoleSink, FanOut, JsonlSink
+from .sinks.jsonl import DEFAULT_ROOT
+from .stats import StepBuffer
+from .transitions import TransitionDetector
+
+GRAD = EventType.GRADIENT_HEALTH.value
+ACT = EventType.ACTIVATION_REGIME.value
+_ATTACHED: "weakref.WeakKeyDictionary[nn.Module, NeuralDbg]" = weakref.WeakKeyDictionary()
+
+
+def _is_compiled(model: nn.Module) -> bool:
+    return type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod")
+
+
+class NeuralDbg:
+    """Watches ``model`` (and counts steps from ``optimizer``) while the context is open.
+
+    ``sinks`` are added beside the JSONL journal (``journal=False`` turns it off, a path or
+    :class:`JsonlSink` relocates it; the default root is ``$NEURALDBG_DIR`` or ``./neuraldbg``).
+    Keyword settings (``every_n_steps``, ``max_events``, ``include``, ``exclude``,
+    ``module_types``, ``activations``, ``gradients``) override ``config``; ``thresholds`` is a
+    :class:`Thresholds` or a mapping of its fields. ``enabled=False`` installs nothing at all.
+    Attach before ``torch.compile(model)``: a compiled module is refused.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 sinks: Iterable[Any] = (), journal: bool | str | os.PathLike | JsonlSink = True,
+                 console: bool = True, config: WatchConfig | None = None,
+                 thresholds: Thresholds | Mapping[str, Any] | None = None, run_id: str | None = None,
+                 enabled: bool = True, **settings: Any) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if _is_compiled(model):
+            raise TypeError("NeuralDbg was given a torch.compile'd module, whose hooks it cannot add after "
+                            "compilation. Attach first, then compile: "
+                            "dbg = NeuralDbg(model, opt); model = torch.compile(model)")
+        cfg = config or WatchConfig()
+        if thresholds is not None:
+            cfg = replace(cfg, thresholds=thresholds if isinstance(thresholds, Thresholds)
+                          else thresholds_from(thresholds))
+        unknown = set(settings) - set(WatchConfig.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {sorted(unknown)}; allowed: "
+                              f"{sorted(WatchConfig.__dataclass_fields__)}")
+        self.config = replace(cfg, **settings) if settings else cfg
+        self.model, self.optimizer, self.enabled = model, optimizer, enabled
+        self.layers: list[Layer] = select_layers(model, self.config) if enabled else []
+        self.journal = self._make_journal(journal, run_id) if enabled else None
+        self.sinks = FanOut([s for s in (self.journal,) if s is not None])
+        if enabled and console:
+            self.sinks.add(ConsoleSink())
+        for sink in sinks:
+            self.sinks.add(sink)
+        self.step_count = 0
+        self.dropped_events = 0
+        self._events: deque[SemanticEvent] = deque(maxlen=self.config.max_events)
+        self._detector = TransitionDetector(self.config.thresholds.patience)
+        th = self.config.thresholds
+        self._windows = {l.index: NormWindow(th.saturation_window) for l in self.layers if l.params}
+        self._baselines = {l.index: Baseline(th.baseline_decay, th.anomaly_warmup, th.anomaly_rebaseline)
+                           for l in self.layers if l.probe is not None}
+        self._grad_layers = [l for l in self.layers if l.params]
+        self._buffer = StepBuffer()
+        self._gate = Gate(model)
+        self._hooks = HookSet()
+        self._open = False
+
+    @staticmethod
+    def _make_journal(journal: Any, run_id: str | None) -> JsonlSink | None:
+        if journal is False or journal is None:
+            return None
+        if isinstance(journal, JsonlSink):
+            return journal
+        root = Path(os.environ.get("NEURALDBG_DIR", DEFAULT_ROOT)) if journal is True else Path(journal)
+        return JsonlSink(root, run_id)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def __enter__(self) -> "NeuralDbg":
+        return self.attach()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        status = "completed" if exc_type is None else f"stopped by {exc_type.__name__}"
+        self.close(status)
+
+    def attach(self) -> "NeuralDbg":
+        """Install the hooks and open the journal (the ``with`` statement calls this)."""
+        if self._open or not self.enabled:
+            return self
+        other = _ATTACHED.get(self.model)
+        if other is not None and other is not self:
+            raise RuntimeError("this model is already watched by another open NeuralDbg; close it first "
+                               "(nested NeuralDbg contexts on one model would double every event)")
+        _ATTACHED[self.model] = self
+        try:
+            self._hooks.install_forward(self.layers, self._buffer, self._gate)
+            if self.optimizer is not None:
+                self._hooks.install_optimizer(self.optimizer, self._before_step, self._after_step)
+        except BaseException:
+            self._hooks.remove()
+            _ATTACHED.pop(self.model, None)
+            raise
+        if self.journal is not None:
+            self.journal.open(self.run_info())
+        self._open = True
+        return self
+
+    def close(self, status: str = "completed") -> None:
+        """Remove every hook, flush and close the sinks; safe to call twice."""
+        if not self._open:
+            return
+        self._open = False
+        self._hooks.remove()
+        self._buffer.clear()
+        if _ATTACHED.get(self.model) is self:
+            del _ATTACHED[self.model]
+        self.sinks.flush()
+        for sink in self.sinks.sinks:
+            if sink is self.journal:
+                continue
+            self.sinks._call(sink, "close")
+        if self.journal is not None:
+            self.journal.close({"status": status, "steps": self.step_count, "dropped_events": self.dropped_events,
+                                "sink_failures": dict(self.sinks.failures)})
+
+    def run_info(self) -> dict[str, Any]:
+        return {"model_class": type(self.model).__name__, "optimizer_class": type(self.optimizer).__name__
+                if self.optimizer is not None else None, "thresholds": asdict(self.config.thresholds),
+                "every_n_steps": self.config.every_n_steps, "layers": [l.name for l in self.layers],
+                "torch_version": torch.__version__}
+
+    # ---- what users read ----------------------------------------------------------------------
+    @property
+    def events(self) -> list[SemanticEvent]:
+        """Events kept in memory, oldest first (at most ``max_events``; see ``dropped_events``)."""
+        return list(self._events)
+
+    @property
+    def journal_path(self) -> Path | None:
+        return self.journal.path if self.journal is not None else None
+
+    def states(self) -> dict[str, dict[str, str]]:
+        """The confirmed state of every layer that has one: ``{layer: {event_type: state}}``."""
+        out: dict[str, dict[str, str]] = {}
+        for (event_type, layer), state in self._detector.states().items():
+            out.setdefault(layer, {})[event_type] = state
+        return out
+
+    # ---- stepping -----------------------------------------------------------------------------
+    def step(self) -> None:
+        """Mark the end of a training step when no optimizer was given."""
+        if self.optimizer is not None:
+            raise RuntimeError("steps are counted from the optimizer given to NeuralDbg; do not call dbg.step()")
+        if not self._open:
+            raise RuntimeError("dbg.step() outside the NeuralDbg context: use `with NeuralDbg(model) as dbg:`")
+        self._before_step()
+        self._after_step()
+
+    def _before_step(self) -> None:
+        if self._gate.observing:
+            self._observe(self.step_count)
+
+    def _after_step(self) -> None:
+        self.step_count += 1
+        self._gate.observing = self.step_count % self.config.every_n_steps == 0
+
+    @torch.no_grad()
+    def _observe(self, step: int) -> None:
+        groups = []
+        for layer in self._grad_layers:
+            grads = [p.grad for p in layer.params if p.grad is not None]
+            if grads:
+                groups.append((layer.index, grads))
+        acts, grads = self._buffer.gather(groups)
+        th = self.config.thresholds
+        by_index = dict(groups)
+        for index, stats in grads.items():
+            layer = self.layers[index]
+            if stats.nonfinite:  # rare path: count the bad values (one more transfer, only now)
+                bad = sum(int((~torch.isfinite(g)).sum()) for g in by_index[index] if not g.is_sparse)
+                stats = replace(stats, nonfinite_count=bad)
+            window = self._windows[index]
+            window.add(stats.norm)
+            verdict = classify_gradient(stats, self._detector.state(GRAD, layer.name), th, window)
+            self._record(self._detector.observe(GRAD, layer.name, step, verdict))
+        for index, stats in acts.items():
+            layer = self.layers[index]
+            baseline = self._baselines[index]
+            verdict = classify_activation(stats, self._detector.state(ACT, layer.name), th, baseline)
+            baseline.update(stats.rms, anomalous=verdict.state == "ANOMALOUS")
+            self._record(self._detector.observe(ACT, layer.name, step, verdict))
+
+    def _record(self, event: SemanticEvent | None) -> None:
+        if event is None:
+            return
+        if len(self._events) == self._events.maxlen:
+            self.dropped_events += 1
+        self._events.append(event)
+        self.sinks.emit(event)

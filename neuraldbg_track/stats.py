@@ -1,0 +1,230 @@
+"""Device-side statistics: cheap reductions inside hooks, one host transfer per observed step.
+
+Inside a forward hook only device reductions run (no ``.item()``, no ``.cpu()``); their small
+results wait in a :class:`StepBuffer` until the optimizer step, where they are packed with the
+gradient norms into one vector per device and moved to the host in a single transfer.
+
+Activation statistics per layer: mean, std (RMS follows from both), the number of *dead units*
+(units that are exactly zero for every element of the batch; the unit axis is the channel axis for
+feature maps and the last axis otherwise) and, for bounded activations, the number of outputs at
+the bounds. A non-finite activation shows as a non-finite mean or std.
+Gradient statistics per layer: the L2 norm of its own parameters' gradients and whether any of
+them holds a NaN or Inf (read from an inf-norm, which NaN and Inf both poison).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import nn
+
+# Bounded activations: output range (low, high). Saturation is judged only on these.
+# Hardtanh (and its subclass ReLU6) carry their own range; see output_bounds.
+BOUNDED_OUTPUTS: dict[type, tuple[float, float]] = {
+    nn.Tanh: (-1.0, 1.0), nn.Sigmoid: (0.0, 1.0), nn.Softsign: (-1.0, 1.0), nn.Hardsigmoid: (0.0, 1.0),
+}
+# Modules whose output only repeats their input: watching them costs kernels and tells nothing new.
+PASS_THROUGH = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                nn.Flatten, nn.Unflatten)
+# Modules whose dim 1 is the channel (unit) axis even for 3-D outputs.
+CHANNEL_FIRST = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm,
+                 nn.modules.instancenorm._InstanceNorm, nn.GroupNorm)
+
+
+def output_bounds(module: nn.Module) -> tuple[float, float] | None:
+    """The (low, high) range of a bounded activation module, or None for unbounded outputs."""
+    if isinstance(module, nn.Hardtanh):  # also covers ReLU6
+        return (float(module.min_val), float(module.max_val))
+    for kind, bounds in BOUNDED_OUTPUTS.items():
+        if isinstance(module, kind):
+            return bounds
+    return None
+
+
+def first_tensor(output: Any) -> torch.Tensor | None:
+    """The tensor to judge from a module output: itself, or the first tensor of a tuple/list/dict."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        values: Iterable[Any] = output
+    elif isinstance(output, dict):
+        values = output.values()
+    else:
+        return None
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How one layer's output is reduced; fixed when hooks are installed."""
+
+    index: int
+    channel_first: bool
+    bounds: tuple[float, float] | None
+    tolerance: float
+
+
+@dataclass
+class ActivationSample:
+    """Device tensors produced by one hook call (nothing here is on the host)."""
+
+    std_mean: torch.Tensor      # (2,) float32
+    unit_nonzero: torch.Tensor  # (units,) int64: non-zero count per unit
+    saturated: torch.Tensor | None  # () int64: outputs at the bounds
+    numel: int
+
+
+@torch.no_grad()
+def sample_activation(probe: Probe, y: torch.Tensor) -> ActivationSample:
+    """Reduce one output on its device. Shapes are static, so this adds no graph break."""
+    x = y.detach()
+    if x.dtype != torch.float32 and x.dtype != torch.float64:
+        x = x.float()
+    ndim = x.dim()
+    if ndim <= 1:
+        dims: tuple[int, ...] = ()
+    else:
+        unit = 1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1
+        dims = tuple(d for d in range(ndim) if d != unit)
+    std, mean = torch.std_mean(x, correction=0)
+    nonzero = torch.count_nonzero(x, dim=dims) if dims else x.ne(0).long()
+    saturated = None
+    if probe.bounds is not None:
+        low, high = probe.bounds
+        margin = probe.tolerance * (high - low)
+        mid, half = (high + low) / 2, (high - low) / 2 - margin
+        saturated = torch.count_nonzero((x - mid).abs() >= half)
+    return ActivationSample(torch.stack((std, mean)), nonzero.reshape(-1), saturated, x.numel())
+
+
+@dataclass(frozen=True)
+class ActivationStats:
+    mean: float
+    std: float
+    rms: float
+    dead_fraction: float
+    saturated_fraction: float | None
+    units: int
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.mean) and math.isfinite(self.std)
+
+
+@dataclass(frozen=True)
+class GradientStats:
+    norm: float
+    nonfinite: bool
+    parameters: int
+    nonfinite_count: int | None = None
+    """Counted only on the rare step where ``nonfinite`` is set (it costs one more transfer)."""
+
+
+class StepBuffer:
+    """Collects one step's activation samples (latest per layer, so gradient accumulation
+    keeps the last micro-batch) and packs them with gradient norms for one host transfer."""
+
+    def __init__(self) -> None:
+        self.activations: dict[int, ActivationSample] = {}
+
+    def clear(self) -> None:
+        self.activations.clear()
+
+    @torch.no_grad()
+    def gather(self, grad_groups: Sequence[tuple[int, Sequence[torch.Tensor]]]
+               ) -> tuple[dict[int, ActivationStats], dict[int, GradientStats]]:
+        """Pack everything on the device, transfer once per device, and unpack to host floats.
+
+        ``grad_groups`` is ``[(layer_index, [grad, ...]), ...]`` for the layers with gradients.
+        """
+        samples = self.activations
+        self.activations = {}
+        by_device: dict[torch.device, list] = {}
+        for index, sample in samples.items():
+            by_device.setdefault(sample.std_mean.device, []).append(("a", index, sample))
+        for index, grads in grad_groups:
+            by_device.setdefault(grads[0].device, []).append(("g", index, grads))
+        acts: dict[int, ActivationStats] = {}
+        grads_out: dict[int, GradientStats] = {}
+        for device, items in by_device.items():
+            _gather_device(device, items, acts, grads_out)
+        return acts, grads_out
+
+
+def _grad_norms(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-tensor L2 and inf norms, batched by dtype with ``torch._foreach_norm`` (one launch per
+    group), falling back to one norm per tensor where foreach is unavailable (e.g. sparse)."""
+    l2: list[torch.Tensor | None] = [None] * len(grads)
+    inf: list[torch.Tensor | None] = [None] * len(grads)
+    groups: dict[torch.dtype, list[int]] = {}
+    for i, g in enumerate(grads):
+        if g.is_sparse:
+            values = g.coalesce().values()
+            l2[i] = torch.linalg.vector_norm(values.float())
+            inf[i] = torch.linalg.vector_norm(values.float(), ord=math.inf) if values.numel() else l2[i]
+        else:
+            groups.setdefault(g.dtype, []).append(i)
+    for members in groups.values():
+        tensors = [grads[i] for i in members]
+        try:
+            n2 = torch._foreach_norm(tensors)
+            ninf = torch._foreach_norm(tensors, math.inf)
+        except (RuntimeError, AttributeError, TypeError):  # private helper: keep a public fallback
+            n2 = [torch.linalg.vector_norm(t) for t in tensors]
+            ninf = [torch.linalg.vector_norm(t, ord=math.inf) for t in tensors]
+        for i, a, b in zip(members, n2, ninf):
+            l2[i], inf[i] = a.float(), b.float()
+    return l2, inf  # type: ignore[return-value]
+
+
+def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dict) -> None:
+    act_items = [(i, s) for kind, i, s in items if kind == "a"]
+    grad_items = [(i, g) for kind, i, g in items if kind == "g"]
+    parts: list[torch.Tensor] = []
+    if act_items:
+        parts.append(torch.cat([s.std_mean.float() for _, s in act_items]))
+        # dead units per layer: zero-count of per-unit non-zero counts, via one cumsum.
+        lengths = [s.unit_nonzero.numel() for _, s in act_items]
+        dead_cum = torch.cat([s.unit_nonzero for _, s in act_items]).eq(0).cumsum(0)
+        ends = torch.tensor([sum(lengths[: k + 1]) - 1 for k in range(len(lengths))], device=device)
+        parts.append(dead_cum[ends].float())
+        sat = [s.saturated for _, s in act_items if s.saturated is not None]
+        if sat:
+            parts.append(torch.stack(sat).float())
+    if grad_items:
+        flat = [g for _, gs in grad_items for g in gs]
+        owner = [k for k, (_, gs) in enumerate(grad_items) for _ in gs]
+        l2, inf = _grad_norms(flat)
+        index = torch.tensor(owner, device=device)
+        sq = torch.zeros(len(grad_items), device=device).index_add_(0, index, torch.stack(l2).square())
+        bad = torch.zeros(len(grad_items), device=device).index_add_(
+            0, index, (~torch.isfinite(torch.stack(inf))).float())
+        parts += [sq.sqrt(), bad]
+    host = torch.cat(parts).tolist()  # the one host transfer for this device and step
+    pos = 0
+    if act_items:
+        n = len(act_items)
+        std_mean, dead_cum_ends = host[: 2 * n], host[2 * n: 3 * n]
+        pos = 3 * n
+        previous = 0.0
+        for k, (index, sample) in enumerate(act_items):
+            std, mean = std_mean[2 * k], std_mean[2 * k + 1]
+            units = sample.unit_nonzero.numel()
+            dead = dead_cum_ends[k] - previous
+            previous = dead_cum_ends[k]
+            saturated = None
+            if sample.saturated is not None:
+                saturated = host[pos] / max(sample.numel, 1)
+                pos += 1
+            rms = math.sqrt(std * std + mean * mean) if math.isfinite(std) and math.isfinite(mean) else math.nan
+            acts[index] = ActivationStats(mean, std, rms, dead / max(units, 1), saturated, units)
+    if grad_items:
+        n = len(grad_items)
+        norms, bad = host[pos: pos + n], host[pos + n: pos + 2 * n]
+        for k, (index, gs) in enumerate(grad_items):
+            grads_out[index] = GradientStats(norms[k], bad[k] > 0 or not math.isfinite(norms[k]), len(gs))
