@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
+from .delivery import prepare_sink
 from .classify import Baseline, NormWindow, classify_activation, classify_gradient
 from .config import ConfigError, Thresholds, WatchConfig, thresholds_from
 from .events import EventType, SemanticEvent
@@ -70,8 +71,9 @@ class NeuralDbg:
         if enabled and console:
             self.sinks.add(ConsoleSink())
         for sink in sinks:
-            self.sinks.add(sink)
+            self.sinks.add(prepare_sink(sink, self.journal))
         self.step_count = 0
+        self.observed_steps = 0
         self.dropped_events = 0
         self._events: deque[SemanticEvent] = deque(maxlen=self.config.max_events)
         self._detector = TransitionDetector(self.config.thresholds.patience)
@@ -185,6 +187,7 @@ class NeuralDbg:
 
     @torch.no_grad()
     def _observe(self, step: int) -> None:
+        self.observed_steps += 1
         groups = []
         for layer in self._grad_layers:
             grads = [p.grad for p in layer.params if p.grad is not None]

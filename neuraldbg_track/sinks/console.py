@@ -7,11 +7,24 @@ from typing import TextIO
 from ..events import SemanticEvent
 from .base import Sink
 
-_KEY_STAT = ("grad_norm", "dead_fraction", "saturated_fraction", "shift_decades", "rms")
+# The statistic that justifies each activation state (gradient events always show grad_norm).
+_KEY_STAT = {"DEAD": "dead_fraction", "SATURATED": "saturated_fraction", "ANOMALOUS": "shift_decades"}
+
+
+def key_statistic(event: SemanticEvent) -> tuple[str, object] | None:
+    """The one statistic a reader wants next to this event, as (name, value)."""
+    if event.event_type == "gradient_health":
+        name = "grad_norm"
+    else:
+        name = _KEY_STAT.get(event.to_state, _KEY_STAT.get(event.from_state, "rms"))
+        if name not in event.metadata:
+            name = "rms"
+    return (name, event.metadata[name]) if name in event.metadata else None
 
 
 def format_event(event: SemanticEvent) -> str:
-    stat = next((f"{k}={_num(event.metadata[k])}" for k in _KEY_STAT if k in event.metadata), "")
+    key = key_statistic(event)
+    stat = f"{key[0]}={_num(key[1])}" if key else ""
     return (f"step {event.step:>6}  {event.layer_name:<24} {event.event_type:<17} "
             f"{event.from_state} -> {event.to_state}  conf={event.confidence:.2f}  {stat}").rstrip()
 

@@ -41,7 +41,7 @@ class JsonlSink(Sink):
     """Appends events to ``<root>/<run_id>/events.jsonl`` and keeps ``run.json`` beside it."""
 
     def __init__(self, root: str | os.PathLike = DEFAULT_ROOT, run_id: str | None = None) -> None:
-        self.root = Path(root)
+        self.root = Path(root).absolute()
         self.run_id = run_id or new_run_id()
         self.run_dir = self.root / self.run_id
         self.path = self.run_dir / EVENTS_FILE
