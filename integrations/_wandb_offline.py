@@ -60,9 +60,12 @@ def iter_records(path: str | os.PathLike) -> Iterator[Any]:
         if pos + CHUNK.size > len(data):
             break
         crc, length, kind = CHUNK.unpack_from(data, pos)
-        if kind == 0 and length == 0:  # zeroed tail of a file still being written
-            pos += room
-            continue
+        if kind == 0 and length == 0:  # zeros: the unwritten tail of a file still being written
+            if data.count(0, pos) != len(data) - pos:
+                raise OfflineRunError(f"{p}: zeroed bytes at {pos} before more data: the file is still being "
+                                      "written; read it after the run finished and wandb exited "
+                                      "(wandb.teardown() or the end of the process)")
+            break
         start, pos = pos + CHUNK.size, pos + CHUNK.size + length
         chunk = data[start:pos]
         if len(chunk) < length:

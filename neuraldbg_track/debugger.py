@@ -14,14 +14,14 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from .delivery import prepare_sink
+from .delivery import delivery_summary, prepare_sink
 from .classify import Baseline, NormWindow, classify_activation, classify_gradient
 from .config import ConfigError, Thresholds, WatchConfig, thresholds_from
 from .events import EventType, SemanticEvent
 from .hooks import Gate, HookSet, Layer, select_layers
 from .sinks import ConsoleSink, FanOut, JsonlSink
 from .sinks.jsonl import DEFAULT_ROOT
-from .stats import StepBuffer
+from .stats import StepBuffer, recheck_nonfinite
 from .transitions import TransitionDetector
 
 GRAD = EventType.GRADIENT_HEALTH.value
@@ -142,7 +142,8 @@ class NeuralDbg:
             self.sinks._call(sink, "close")
         if self.journal is not None:
             self.journal.close({"status": status, "steps": self.step_count, "dropped_events": self.dropped_events,
-                                "sink_failures": dict(self.sinks.failures)})
+                                "sink_failures": dict(self.sinks.failures),
+                                "delivery": delivery_summary(self.sinks.sinks)})
 
     def run_info(self) -> dict[str, Any]:
         return {"model_class": type(self.model).__name__, "optimizer_class": type(self.optimizer).__name__
@@ -198,9 +199,8 @@ class NeuralDbg:
         by_index = dict(groups)
         for index, stats in grads.items():
             layer = self.layers[index]
-            if stats.nonfinite:  # rare path: count the bad values (one more transfer, only now)
-                bad = sum(int((~torch.isfinite(g)).sum()) for g in by_index[index] if not g.is_sparse)
-                stats = replace(stats, nonfinite_count=bad)
+            if stats.nonfinite:  # rare path: count the bad values (more transfers, only now)
+                stats = recheck_nonfinite(stats, by_index[index])
             window = self._windows[index]
             window.add(stats.norm)
             verdict = classify_gradient(stats, self._detector.state(GRAD, layer.name), th, window)

@@ -4,12 +4,13 @@ Inside a forward hook only device reductions run (no ``.item()``, no ``.cpu()``)
 results wait in a :class:`StepBuffer` until the optimizer step, where they are packed with the
 gradient norms into one vector per device and moved to the host in a single transfer.
 
-Activation statistics per layer: mean, std (RMS follows from both), the number of *dead units*
-(units that are exactly zero for every element of the batch; the unit axis is the channel axis for
-feature maps and the last axis otherwise) and, for bounded activations, the number of outputs at
-the bounds. A non-finite activation shows as a non-finite mean or std.
-Gradient statistics per layer: the L2 norm of its own parameters' gradients and whether any of
-them holds a NaN or Inf (read from an inf-norm, which NaN and Inf both poison).
+Activation statistics per layer: sum and L2 norm (mean, RMS and std follow), the number of *dead
+units* (units whose largest |output| over the batch is exactly zero; the unit axis is the channel
+axis for feature maps and the last axis otherwise) and, for bounded activations, the number of
+outputs at the bounds. A non-finite activation shows as a non-finite sum or norm.
+Gradient statistics per layer: the L2 norm of its own parameters' gradients; NaN and Inf poison
+it, and on the rare step where it is not finite :func:`recheck_nonfinite` counts the bad values
+(and tells a float32 overflow of huge but finite gradients from a real NaN/Inf).
 """
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ BOUNDED_OUTPUTS: dict[type, tuple[float, float]] = {
 # Modules whose output only repeats their input: watching them costs kernels and tells nothing new.
 PASS_THROUGH = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
                 nn.Flatten, nn.Unflatten)
+# Modules whose outputs are never negative, so the per-unit peak needs no abs().
+NONNEGATIVE = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softplus, nn.Softmax)
 # Modules whose dim 1 is the channel (unit) axis even for 3-D outputs.
 CHANNEL_FIRST = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm,
                  nn.modules.instancenorm._InstanceNorm, nn.GroupNorm)
@@ -67,39 +70,41 @@ class Probe:
     channel_first: bool
     bounds: tuple[float, float] | None
     tolerance: float
+    nonnegative: bool = False  # outputs are >= 0 (ReLU family, sigmoid): max == 0 means dead
 
 
 @dataclass
 class ActivationSample:
     """Device tensors produced by one hook call (nothing here is on the host)."""
 
-    std_mean: torch.Tensor      # (2,) float32
-    unit_nonzero: torch.Tensor  # (units,) int64: non-zero count per unit
-    saturated: torch.Tensor | None  # () int64: outputs at the bounds
+    total: torch.Tensor            # () sum of the outputs
+    norm: torch.Tensor             # () L2 norm of the outputs
+    unit_peak: torch.Tensor        # (units,) max |output| per unit: 0 means the unit never fired
+    saturated: torch.Tensor | None  # () outputs at the bounds
     numel: int
 
 
 @torch.no_grad()
 def sample_activation(probe: Probe, y: torch.Tensor) -> ActivationSample:
-    """Reduce one output on its device. Shapes are static, so this adds no graph break."""
+    """Reduce one output on its device with a few cheap kernels (sum, norm, amax; no Welford
+    ``std_mean``, which costs ~30x more on CPU). Shapes are static, so this adds no graph break."""
     x = y.detach()
     if x.dtype != torch.float32 and x.dtype != torch.float64:
         x = x.float()
     ndim = x.dim()
+    magnitude = x if probe.nonnegative else x.abs()
     if ndim <= 1:
-        dims: tuple[int, ...] = ()
+        peak = magnitude.reshape(-1)
     else:
         unit = 1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1
-        dims = tuple(d for d in range(ndim) if d != unit)
-    std, mean = torch.std_mean(x, correction=0)
-    nonzero = torch.count_nonzero(x, dim=dims) if dims else x.ne(0).long()
+        peak = magnitude.amax(dim=tuple(d for d in range(ndim) if d != unit))
     saturated = None
     if probe.bounds is not None:
         low, high = probe.bounds
         margin = probe.tolerance * (high - low)
         mid, half = (high + low) / 2, (high - low) / 2 - margin
         saturated = torch.count_nonzero((x - mid).abs() >= half)
-    return ActivationSample(torch.stack((std, mean)), nonzero.reshape(-1), saturated, x.numel())
+    return ActivationSample(x.sum(), torch.linalg.vector_norm(x), peak, saturated, x.numel())
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,18 @@ class GradientStats:
     """Counted only on the rare step where ``nonfinite`` is set (it costs one more transfer)."""
 
 
+@torch.no_grad()
+def recheck_nonfinite(stats: GradientStats, grads: Sequence[torch.Tensor]) -> GradientStats:
+    """Rare path for a non-finite norm: count NaN/Inf values; if there are none, the float32 sum of
+    squares overflowed, so recompute the norm in float64 (a huge gradient is EXPLODING, not NaN)."""
+    dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
+    bad = sum(int((~torch.isfinite(g)).sum()) for g in dense)
+    if bad:
+        return GradientStats(stats.norm, True, stats.parameters, bad)
+    norm = math.sqrt(sum(float(torch.linalg.vector_norm(g.double())) ** 2 for g in dense))
+    return GradientStats(norm, not math.isfinite(norm), stats.parameters, 0)
+
+
 class StepBuffer:
     """Collects one step's activation samples (latest per layer, so gradient accumulation
     keeps the last micro-batch) and packs them with gradient norms for one host transfer."""
@@ -146,7 +163,7 @@ class StepBuffer:
         self.activations = {}
         by_device: dict[torch.device, list] = {}
         for index, sample in samples.items():
-            by_device.setdefault(sample.std_mean.device, []).append(("a", index, sample))
+            by_device.setdefault(sample.total.device, []).append(("a", index, sample))
         for index, grads in grad_groups:
             by_device.setdefault(grads[0].device, []).append(("g", index, grads))
         acts: dict[int, ActivationStats] = {}
@@ -156,30 +173,26 @@ class StepBuffer:
         return acts, grads_out
 
 
-def _grad_norms(grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-tensor L2 and inf norms, batched by dtype with ``torch._foreach_norm`` (one launch per
-    group), falling back to one norm per tensor where foreach is unavailable (e.g. sparse)."""
-    l2: list[torch.Tensor | None] = [None] * len(grads)
-    inf: list[torch.Tensor | None] = [None] * len(grads)
+def _grad_norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-tensor L2 norms, batched by dtype with ``torch._foreach_norm`` (one launch per group),
+    falling back to one norm per tensor where foreach is unavailable (e.g. sparse gradients).
+    NaN and Inf poison the norm, so a non-finite gradient needs no second pass to be seen."""
+    norms: list[torch.Tensor | None] = [None] * len(grads)
     groups: dict[torch.dtype, list[int]] = {}
     for i, g in enumerate(grads):
         if g.is_sparse:
-            values = g.coalesce().values()
-            l2[i] = torch.linalg.vector_norm(values.float())
-            inf[i] = torch.linalg.vector_norm(values.float(), ord=math.inf) if values.numel() else l2[i]
+            norms[i] = torch.linalg.vector_norm(g.coalesce().values().float())
         else:
             groups.setdefault(g.dtype, []).append(i)
     for members in groups.values():
         tensors = [grads[i] for i in members]
         try:
-            n2 = torch._foreach_norm(tensors)
-            ninf = torch._foreach_norm(tensors, math.inf)
+            result = torch._foreach_norm(tensors)
         except (RuntimeError, AttributeError, TypeError):  # private helper: keep a public fallback
-            n2 = [torch.linalg.vector_norm(t) for t in tensors]
-            ninf = [torch.linalg.vector_norm(t, ord=math.inf) for t in tensors]
-        for i, a, b in zip(members, n2, ninf):
-            l2[i], inf[i] = a.float(), b.float()
-    return l2, inf  # type: ignore[return-value]
+            result = [torch.linalg.vector_norm(t) for t in tensors]
+        for i, n in zip(members, result):
+            norms[i] = n.float()
+    return norms  # type: ignore[return-value]
 
 
 def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dict) -> None:
@@ -187,10 +200,10 @@ def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dic
     grad_items = [(i, g) for kind, i, g in items if kind == "g"]
     parts: list[torch.Tensor] = []
     if act_items:
-        parts.append(torch.cat([s.std_mean.float() for _, s in act_items]))
-        # dead units per layer: zero-count of per-unit non-zero counts, via one cumsum.
-        lengths = [s.unit_nonzero.numel() for _, s in act_items]
-        dead_cum = torch.cat([s.unit_nonzero for _, s in act_items]).eq(0).cumsum(0)
+        parts.append(torch.stack([t for _, s in act_items for t in (s.total, s.norm)]).float())
+        # dead units per layer: units whose peak is 0, counted for all layers with one cumsum.
+        lengths = [s.unit_peak.numel() for _, s in act_items]
+        dead_cum = torch.cat([s.unit_peak.float() for _, s in act_items]).eq(0).cumsum(0)
         ends = torch.tensor([sum(lengths[: k + 1]) - 1 for k in range(len(lengths))], device=device)
         parts.append(dead_cum[ends].float())
         sat = [s.saturated for _, s in act_items if s.saturated is not None]
@@ -199,32 +212,30 @@ def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dic
     if grad_items:
         flat = [g for _, gs in grad_items for g in gs]
         owner = [k for k, (_, gs) in enumerate(grad_items) for _ in gs]
-        l2, inf = _grad_norms(flat)
         index = torch.tensor(owner, device=device)
-        sq = torch.zeros(len(grad_items), device=device).index_add_(0, index, torch.stack(l2).square())
-        bad = torch.zeros(len(grad_items), device=device).index_add_(
-            0, index, (~torch.isfinite(torch.stack(inf))).float())
-        parts += [sq.sqrt(), bad]
+        sq = torch.zeros(len(grad_items), device=device).index_add_(0, index, torch.stack(_grad_norms(flat)).square())
+        parts.append(sq.sqrt())
     host = torch.cat(parts).tolist()  # the one host transfer for this device and step
     pos = 0
     if act_items:
         n = len(act_items)
-        std_mean, dead_cum_ends = host[: 2 * n], host[2 * n: 3 * n]
+        sums, dead_cum_ends = host[: 2 * n], host[2 * n: 3 * n]
         pos = 3 * n
         previous = 0.0
         for k, (index, sample) in enumerate(act_items):
-            std, mean = std_mean[2 * k], std_mean[2 * k + 1]
-            units = sample.unit_nonzero.numel()
+            count = max(sample.numel, 1)
+            mean, rms = sums[2 * k] / count, sums[2 * k + 1] / math.sqrt(count)
+            std = math.sqrt(max(rms * rms - mean * mean, 0.0)) if math.isfinite(rms) else math.nan
+            units = sample.unit_peak.numel()
             dead = dead_cum_ends[k] - previous
             previous = dead_cum_ends[k]
             saturated = None
             if sample.saturated is not None:
                 saturated = host[pos] / max(sample.numel, 1)
                 pos += 1
-            rms = math.sqrt(std * std + mean * mean) if math.isfinite(std) and math.isfinite(mean) else math.nan
             acts[index] = ActivationStats(mean, std, rms, dead / max(units, 1), saturated, units)
     if grad_items:
         n = len(grad_items)
-        norms, bad = host[pos: pos + n], host[pos + n: pos + 2 * n]
         for k, (index, gs) in enumerate(grad_items):
-            grads_out[index] = GradientStats(norms[k], bad[k] > 0 or not math.isfinite(norms[k]), len(gs))
+            norm = host[pos + k]
+            grads_out[index] = GradientStats(norm, not math.isfinite(norm), len(gs))

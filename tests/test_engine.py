@@ -129,3 +129,16 @@ def test_console_prints_each_event_line(capsys):
     for e in dbg.events:
         assert f"{e.layer_name}" in err
     assert err.count("UNKNOWN -> VANISHING") == sum(e.to_state == "VANISHING" for e in dbg.events)
+
+
+def test_huge_finite_gradients_explode_and_nan_is_counted():
+    model = nn.Linear(4, 4)
+    with NeuralDbg(model, console=False, journal=False) as dbg:
+        for value in [1e25] * 3 + [float("nan")]:
+            model.weight.grad = torch.full_like(model.weight, 1.0)
+            model.weight.grad[0, 0] = value                   # float32 norm overflows, values are finite
+            model.bias.grad = torch.zeros_like(model.bias)
+            dbg.step()
+    (explode, nan) = dbg.events
+    assert (explode.to_state, explode.metadata["grad_norm"]) == ("EXPLODING", pytest.approx(1e25, rel=1e-6))
+    assert (nan.step, nan.to_state, nan.metadata["nonfinite_count"]) == (3, "NON_FINITE", 1)

@@ -5,6 +5,7 @@ import contextlib
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from tests.helpers import mlp
@@ -21,7 +22,12 @@ def offline_wandb(root: Path):
         mp.delenv("WANDB_PROJECT", raising=False)
         mp.delenv("WANDB_RUN_ID", raising=False)
         mp.chdir(root)
-        yield root
+        try:
+            yield root
+        finally:
+            import wandb
+
+            wandb.teardown()  # wandb caches its settings (WANDB_DIR) per process: start clean next time
 
 
 def run_dir(root: Path, run) -> Path:
@@ -34,7 +40,7 @@ def vanishing_sigmoid_mlp() -> nn.Module:
     """12 sigmoid layers with a saturated last one: every Linear vanishes at once (step 2) and the
     last sigmoid saturates (13 events, gradient and activation)."""
     model = mlp([16] + [32] * 12 + [1], act=nn.Sigmoid)
-    with __import__("torch").no_grad():
+    with torch.no_grad():
         model[22].bias.fill_(-30.0)
     return model
 
