@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("NEURALDBG_VENV", ROOT / ".venv"))
 PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 EXTRAS = "dev,all"
+PACKAGE_DIRS = ("neuraldbg_track", "integrations", "conf")
 
 
 def sh(*args: str, **kw) -> None:
@@ -36,11 +37,16 @@ def setup() -> None:
         spec = os.environ.get("NEURALDBG_TORCH", "torch==2.13.0")
         print(f"[setup] installing {spec} (CPU build)", flush=True)
         sh(*pip, spec)
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + EXTRAS.encode()).hexdigest()
+    # strict editable mode links each file, so a new module needs a re-install: hash the file list too
+    files = sorted(str(p.relative_to(ROOT)) for d in PACKAGE_DIRS for p in (ROOT / d).rglob("*")
+                   if p.suffix in (".py", ".yaml"))
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + EXTRAS.encode()
+                            + "\n".join(files).encode()).hexdigest()
     stamp = VENV / ".neuraldbg-installed"
     if not stamp.exists() or stamp.read_text() != digest:
         print(f"[setup] installing neuraldbg-track[{EXTRAS}] (first run takes a couple of minutes)", flush=True)
-        sh(*pip, "-e", f"{ROOT}[{EXTRAS}]")
+        # strict mode: a real file tree, so Hydra's plugin scan finds hydra_plugins.neuraldbg_track
+        sh(*pip, "-e", f"{ROOT}[{EXTRAS}]", "--config-settings", "editable_mode=strict")
         stamp.write_text(digest)
 
 

@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Demo: a deep sigmoid MLP whose early layers' gradients vanish, watched by neuraldbg-track.
 
-Runs on CPU in a few seconds with the embedded default (JSONL journal + console): events are
-printed as they happen, then a summary says which layers failed, how, when, and where the journal is.
+A Hydra app: runs on CPU in a few seconds with the embedded default (JSONL journal + console);
+events are printed as they happen, then a summary says which layers failed, how, when, and where
+the journal is.
 
-    python3 run.py demo                 # from the repository root (sets itself up)
-    python examples/train.py --steps 300 --depth 12
+    python3 run.py demo                                  # from the repository root (sets itself up)
+    python examples/train.py steps=100 depth=16
+    python examples/train.py neuraldbg.sink=tensorboard  # or mlflow, wandb; neuraldbg=strict; ...
 """
 from __future__ import annotations
 
-import argparse
-
+import hydra
 import torch
+from omegaconf import DictConfig
 from torch import nn
 
 from neuraldbg_track import NeuralDbg
@@ -36,24 +38,15 @@ class DeepSigmoidNet(nn.Module):
         return self.head(x)
 
 
-def main(argv: list[str] | None = None) -> NeuralDbg:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--depth", type=int, default=12)
-    parser.add_argument("--lr", type=float, default=0.5)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--journal-dir", default=None, help="journal root (default: ./neuraldbg)")
-    args = parser.parse_args(argv)
-
-    torch.manual_seed(args.seed)
-    model = DeepSigmoidNet(depth=args.depth)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+def run(cfg: DictConfig) -> NeuralDbg:
+    torch.manual_seed(cfg.seed)
+    model = DeepSigmoidNet(depth=cfg.depth)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     data = torch.randn(2048, 16)
     labels = data[:, :4].argmax(dim=1)
 
-    journal = args.journal_dir if args.journal_dir else True
-    with NeuralDbg(model, optimizer, journal=journal) as dbg:
-        for step in range(args.steps):
+    with NeuralDbg.from_config(cfg.neuraldbg, model, optimizer) as dbg:
+        for step in range(cfg.steps):
             idx = torch.randint(0, len(data), (64,))
             loss = nn.functional.cross_entropy(model(data[idx]), labels[idx])
             optimizer.zero_grad()
@@ -66,8 +59,14 @@ def main(argv: list[str] | None = None) -> NeuralDbg:
         first = next(e for e in dbg.events if e.layer_name == layer and e.to_state == state)
         print(f"  {layer:<14} {state:<10} from step {first.metadata['onset_step']} "
               f"(confirmed at {first.step}, confidence {first.confidence:.2f})")
-    print(f"journal: {dbg.journal_path}")
+    if dbg.journal_path is not None:
+        print(f"journal: {dbg.journal_path}")
     return dbg
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ from typing import Callable, Mapping
 
 from neuraldbg_track.events import FAILURE_STATES, SemanticEvent
 
+from ._payload import truncate
+
 LEVELS = ("INFO", "WARN", "ERROR")
 #: Level per state when ``alert_levels`` does not say otherwise (worst first).
 DEFAULT_LEVELS = {"NON_FINITE": "ERROR", "EXPLODING": "ERROR", "VANISHING": "WARN", "DEAD": "WARN",
@@ -57,8 +59,7 @@ def resolve_levels(alert_states, alert_levels: Mapping[str, str] | None) -> dict
 
 def title_for(event_type: str, state: str) -> str:
     title = f"neuraldbg: {_WHAT.get(event_type, event_type)} {state}"
-    title = "".join(ch if ch.isprintable() else " " for ch in title)
-    return title if len(title) <= MAX_TITLE else title[:MAX_TITLE - 1] + "…"
+    return truncate("".join(ch if ch.isprintable() else " " for ch in title), MAX_TITLE)
 
 
 def _stat(event: SemanticEvent) -> str:
@@ -77,7 +78,7 @@ def _text(event_type: str, state: str, events: list[SemanticEvent], max_layers: 
     more = f", and {n - max_layers} more" if n > max_layers else ""
     noun = "layer's" if n == 1 else "layers'"
     text = f"{n} {noun} {_WHAT.get(event_type, event_type)} became {state} at {when}: {', '.join(shown)}{more}."
-    return text if len(text) <= max_chars else text[:max_chars - 1] + "…"
+    return truncate(text, max_chars)
 
 
 @dataclass

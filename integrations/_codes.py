@@ -1,24 +1,25 @@
-"""Numbers and keys that chart adapters share: state codes, the key statistic, safe key segments.
+"""What chart adapters (W&B, TensorBoard) share: numeric state codes and the key statistic.
 
-A state code is the state's rank by severity within its event type (0 = healthy), so a chart of
-codes reads "higher is worse" and the same code means the same thing in every tracker.
+A state code is the state's rank by :data:`~._payload.SEVERITY` among the states of its event type,
+0 being the healthy one, so a chart of codes reads "higher is worse" and a code means the same in
+every tracker. UNKNOWN (and any state this version does not know) is -1.
 """
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
-from neuraldbg_track.events import SemanticEvent
+from neuraldbg_track.events import FAILURE_STATES, HEALTHY_STATE, SemanticEvent
+
+from ._payload import severity
 
 STATE_CODES: dict[str, dict[str, int]] = {
-    "gradient_health": {"UNKNOWN": -1, "HEALTHY": 0, "SATURATED": 1, "VANISHING": 2, "EXPLODING": 3,
-                        "NON_FINITE": 4},
-    "activation_regime": {"UNKNOWN": -1, "NORMAL": 0, "SATURATED": 1, "ANOMALOUS": 2, "DEAD": 3},
+    event_type: {"UNKNOWN": -1, **{state: code for code, state in enumerate(
+        sorted({healthy, *FAILURE_STATES[event_type]}, key=severity))}}
+    for event_type, healthy in HEALTHY_STATE.items()
 }
 #: Metadata keys worth charting, most telling first.
 KEY_STATISTICS = ("grad_norm", "dead_fraction", "saturated_fraction", "rms")
-_UNSAFE = re.compile(r"[^\w.\-]+")
 
 
 def state_code(event_type: str, state: str) -> int:
@@ -44,8 +45,3 @@ def key_statistic(event: SemanticEvent) -> tuple[str, Any]:
         if name in event.metadata:
             return name, event.metadata[name]
     return "", None
-
-
-def safe_key(name: str) -> str:
-    """A layer name as one key segment: word characters, dots and dashes (``/`` would nest)."""
-    return _UNSAFE.sub("_", name) or "_"

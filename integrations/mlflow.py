@@ -23,7 +23,8 @@ Tags (values are states from :data:`~neuraldbg_track.integrations._payload.SEVER
 
 Tags are sent on ``flush()``/``close()`` (the delivery thread flushes every few seconds), only
 those that changed, at most 100 per request. The table (``table_file``, the whole timeline
-re-uploaded when it changed) loads back with ``mlflow.load_table(table_file, run_ids=[...])``.
+re-uploaded when it changed) loads back with ``mlflow.load_table(table_file, run_ids=[...])``
+(pandas reads a column of all-numeric layer names, as in ``nn.Sequential``, as integers).
 Adopting a run that already has the table merges it, so :func:`~neuraldbg_track.delivery.replay`
 into that run is idempotent.
 """
@@ -138,7 +139,7 @@ class MLflowSink(Sink):
         self._sent_metrics: dict[str, float] = {}
         self._table_rows = -1
         self._table_registered = False
-        self._closed = False
+        self._closed = self._abandoned = False
         self._lock = threading.RLock()
 
     # ---- run lifecycle ------------------------------------------------------------------------
@@ -193,6 +194,7 @@ class MLflowSink(Sink):
         """Send the tags and metrics that changed and the table if it grew; raises if MLflow fails
         (everything stays buffered for the next flush)."""
         with self._lock:
+            self._live()
             self._probe()
             run_id = self.start()
             tags, metrics = summary(self._events.values())
@@ -211,6 +213,15 @@ class MLflowSink(Sink):
                 self._client.set_terminated(self.run_id, "FINISHED")
             self._closed = True
 
+    def abandon(self) -> None:
+        """Called (from another thread) when delivery gave up on this sink at close: stop before the
+        next request, so a call that hung cannot later overwrite what a replay sent. Takes no lock."""
+        self._abandoned = True
+
+    def _live(self) -> None:
+        if self._abandoned:
+            raise RuntimeError("MLflowSink was abandoned at close; its events are listed for replay")
+
     def replay_hint(self) -> str:
         """How to rebuild this sink to re-send missed events (used in the undelivered warning)."""
         extra = "" if self.table_file == "neuraldbg_events.json" else f", table_file={self.table_file!r}"
@@ -228,6 +239,7 @@ class MLflowSink(Sink):
             batch_metrics = [Metric(k, v, now, step) for k, v in metrics.items()] if start == 0 else []
             if not chunk and not batch_metrics:
                 return
+            self._live()
             self._client.log_batch(run_id, metrics=batch_metrics, tags=[RunTag(k, v) for k, v in chunk],
                                    synchronous=True)
             self._sent_tags.update(chunk)
@@ -239,6 +251,7 @@ class MLflowSink(Sink):
         rows = [[e.step, e.layer_name, e.event_type, e.from_state, e.to_state, e.confidence,
                  json.dumps(e.to_dict()["metadata"], sort_keys=True)] for e in events]
         folder = posixpath.dirname(self.table_file) or None
+        self._live()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / posixpath.basename(self.table_file)
             path.write_text(json.dumps({"columns": COLUMNS, "data": rows}), encoding="utf-8")
@@ -248,6 +261,7 @@ class MLflowSink(Sink):
             logged = json.loads(self._client.get_run(run_id).data.tags.get(_LOGGED_ARTIFACTS, "[]"))
             entry = {"path": self.table_file, "type": "table"}
             if entry not in logged:
+                self._live()
                 self._client.set_tag(run_id, _LOGGED_ARTIFACTS, json.dumps(logged + [entry]))
             self._table_registered = True
 

@@ -7,8 +7,9 @@ writer=w)`` into your own writer (then it flushes but does not close it). All at
 * text ``<prefix>/events``: one Markdown table row per event (step, layer, transition, confidence,
   key statistic), layer names and metadata escaped;
 * scalars ``<prefix>/state/<event_type>/<layer>`` (state code, see ``STATE_CODES``),
-  ``<prefix>/<statistic>/<layer>`` for grad_norm, dead_fraction, saturated_fraction and rms,
-  ``<prefix>/events/<event_type>``, ``<prefix>/events/total`` and ``<prefix>/failing_layers``;
+  ``<prefix>/<statistic>/<layer>`` for grad_norm, dead_fraction, saturated_fraction and rms
+  (``<layer>`` via ``sanitize_key``), ``<prefix>/events/<event_type>``, ``<prefix>/events/total``
+  and ``<prefix>/failing_layers``;
 * a custom-scalars layout (one category per event type: state codes of every layer in one
   multiline chart, one chart per statistic; plus an events category), written once. TensorBoard
   shows one layout per run: pass ``layout=False`` to keep your own writer's layout.
@@ -23,6 +24,7 @@ from neuraldbg_track.events import SemanticEvent
 from neuraldbg_track.sinks.base import Sink
 
 from ._codes import KEY_STATISTICS, STATE_CODES, codes_legend, finite_number, key_statistic, state_code
+from ._payload import sanitize_key
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -112,7 +114,7 @@ class TensorBoardSink(Sink):
                 raise RuntimeError("TensorBoardSink.emit() after close(); create a new sink")
             w, p, step = self._start(), self.prefix, event.step
             w.add_text(f"{p}/events", event_markdown(event), global_step=step)
-            layer = event.layer_name
+            layer = sanitize_key(event.layer_name)  # the same key segment as in W&B and MLflow
             w.add_scalar(f"{p}/state/{event.event_type}/{layer}",
                          state_code(event.event_type, event.to_state), global_step=step)
             for stat in KEY_STATISTICS:
@@ -121,7 +123,7 @@ class TensorBoardSink(Sink):
                     w.add_scalar(f"{p}/{stat}/{layer}", value, global_step=step)
             self.count += 1
             self._counts[event.event_type] = self._counts.get(event.event_type, 0) + 1
-            self._failing[(layer, event.event_type)] = event.is_failure
+            self._failing[(event.layer_name, event.event_type)] = event.is_failure
             w.add_scalar(f"{p}/events/{event.event_type}", self._counts[event.event_type], global_step=step)
             w.add_scalar(f"{p}/events/total", self.count, global_step=step)
             w.add_scalar(f"{p}/failing_layers", len({l for (l, _), bad in self._failing.items() if bad}),

@@ -6,24 +6,29 @@
 * **alerts** (``run.alert``) for the states in ``alert_states``, at levels by severity; deduped,
   aggregated and rate-limited by :class:`~neuraldbg_track.integrations._alerts.AlertPolicy`;
 * **timeline**: a table of every event so far (``<prefix>/timeline_table``) with a chart of it
-  (``<prefix>/timeline``: step on x, layer index on y, ``to_state`` in the colour field), re-logged
-  every ``table_every`` events and at flush/close (logged tables are immutable in W&B);
+  (``<prefix>/timeline``, preset ``chart``: step on x, layer index on y, ``to_state`` in the colour
+  field), re-logged (W&B tables are immutable) every ``table_every`` events, at a flush at most every
+  ``table_interval_s`` seconds, and at close;
 * **scalars** on their own x-axis ``<prefix>/step`` (the event's training step), so the user's own
   step counter is untouched: ``<prefix>/state/<layer>/<event_type>`` = state code (see
   ``STATE_CODES``), ``<prefix>/events`` and ``<prefix>/failing_layers``. In a run it adopted the
-  sink logs with ``commit=False`` (values join the user's next row, as ``wandb.watch`` does).
+  sink logs with ``commit=False`` (values join the user's next row, as ``wandb.watch`` does);
+* **summary** at close: ``<prefix>/status`` (worst state any layer is in), failing layers and
+  states, event and alert counts.
 """
 from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from neuraldbg_track.events import SemanticEvent
 from neuraldbg_track.sinks.base import Sink, log
 
 from ._alerts import DEFAULT_ALERT_STATES, AlertPolicy, resolve_levels
-from ._codes import STATE_CODES, finite_number, key_statistic, safe_key, state_code
+from ._codes import STATE_CODES, finite_number, key_statistic, state_code
+from ._payload import sanitize_key, worst_state
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
@@ -51,11 +56,14 @@ class WandbSink(Sink):
                  alert_states: Iterable[str] = DEFAULT_ALERT_STATES,
                  alert_levels: Mapping[str, str] | None = None, alert_window_s: float = 2.0,
                  min_alert_interval_s: float = 300.0, max_alerts: int = 20, table_every: int = 100,
-                 chart: str | None = DEFAULT_CHART, prefix: str = "neuraldbg", commit: bool | None = None,
+                 table_interval_s: float = 30.0, chart: str | None = DEFAULT_CHART, prefix: str = "neuraldbg", commit: bool | None = None,
                  init_kwargs: Mapping[str, Any] | None = None) -> None:
         if not (isinstance(table_every, int) and table_every >= 1):
             raise ValueError(f"table_every={table_every!r}; expected an integer >= 1")
+        if not (isinstance(table_interval_s, (int, float)) and table_interval_s >= 0):
+            raise ValueError(f"table_interval_s={table_interval_s!r}; expected a number of seconds >= 0")
         self.project, self.prefix, self.chart, self.table_every = project, prefix, chart, table_every
+        self.table_interval_s = table_interval_s
         self.init_kwargs = dict(init_kwargs or {})
         self.alerts = AlertPolicy(resolve_levels(alert_states, alert_levels), window_s=alert_window_s,
                                   min_interval_s=min_alert_interval_s, max_alerts=max_alerts)
@@ -66,9 +74,11 @@ class WandbSink(Sink):
         self._closed = False
         self._lock = threading.RLock()
         self._timer: threading.Timer | None = None
+        self._timer_due = 0.0
         self._rows: list[list[Any]] = []
         self._rows_dropped = 0
         self._logged_rows = 0
+        self._table_logged_at: float | None = None
         self._layer_index: dict[str, int] = {}
         self._states: dict[tuple[str, str], SemanticEvent] = {}  # (layer, event type) -> latest
         self.count = 0
@@ -102,21 +112,13 @@ class WandbSink(Sink):
             if self._closed:
                 raise RuntimeError("WandbSink.emit() after close(); create a new sink for a new run")
             run = self._start()
-            key = (event.layer_name, event.event_type)
-            previous = self._states.get(key)
-            self._states[key] = event
+            states = {**self._states, (event.layer_name, event.event_type): event}
             code = state_code(event.event_type, event.to_state)
             p = self.prefix
-            try:  # state changes only once the tracker took the event, so a retried emit is clean
-                run.log({f"{p}/step": event.step,
-                         f"{p}/state/{safe_key(event.layer_name)}/{event.event_type}": code,
-                         f"{p}/events": self.count + 1, f"{p}/failing_layers": self._failing_layers()},
-                        commit=self._commit)
-            except BaseException:
-                self._states[key] = previous
-                if previous is None:
-                    del self._states[key]
-                raise
+            run.log({f"{p}/step": event.step, f"{p}/state/{sanitize_key(event.layer_name)}/{event.event_type}": code,
+                     f"{p}/events": self.count + 1, f"{p}/failing_layers": _failing_layers(states)},
+                    commit=self._commit)
+            self._states = states  # only once the tracker took the event: a retried emit is clean
             self.count += 1
             self._add_row(event, code)
             if self.count - self._logged_rows >= self.table_every:
@@ -128,7 +130,9 @@ class WandbSink(Sink):
         with self._lock:
             if self._started and not self._closed:
                 self._send_due_alerts()
-                self._log_table()
+                last = self._table_logged_at
+                if last is None or time.monotonic() - last >= self.table_interval_s:
+                    self._log_table()
 
     def close(self) -> None:
         with self._lock:
@@ -160,13 +164,16 @@ class WandbSink(Sink):
         for alert in self.alerts.due():
             self._send(alert)
         wait = self.alerts.next_due_in()
+        if wait is None:
+            return
+        due = time.monotonic() + wait  # no event may come to send it: a timer does, when it is due
+        if self._timer is not None and self._timer.is_alive() and self._timer_due <= due:
+            return
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
-        if wait is not None:  # nothing else may come: a timer sends what is pending when it is due
-            self._timer = threading.Timer(wait, self._on_timer)
-            self._timer.daemon = True
-            self._timer.start()
+        self._timer, self._timer_due = threading.Timer(wait, self._on_timer), due
+        self._timer.daemon = True
+        self._timer.start()
 
     def _on_timer(self) -> None:
         with self._lock:
@@ -176,9 +183,6 @@ class WandbSink(Sink):
                 self._send_due_alerts()
 
     # ---- timeline and summary -----------------------------------------------------------------
-    def _failing_layers(self) -> int:
-        return len({layer for (layer, _), e in self._states.items() if e.is_failure})
-
     def _add_row(self, event: SemanticEvent, code: int) -> None:
         if len(self._rows) >= MAX_TABLE_ROWS:
             if self._rows_dropped == 0:
@@ -204,13 +208,18 @@ class WandbSink(Sink):
             self.run.log({f"{p}/timeline": value}, commit=self._commit)
         else:
             self.run.log({f"{p}/timeline_table": table}, commit=self._commit)
-        self._logged_rows = self.count
+        self._logged_rows, self._table_logged_at = self.count, time.monotonic()
 
     def _write_summary(self) -> None:
         p = self.prefix
         failing = sorted({e.to_state for e in self._states.values() if e.is_failure})
-        self.run.summary.update({f"{p}/events": self.count, f"{p}/failing_layers": self._failing_layers(),
+        self.run.summary.update({f"{p}/status": worst_state(e.to_state for e in self._states.values()),
+                                 f"{p}/events": self.count, f"{p}/failing_layers": _failing_layers(self._states),
                                  f"{p}/failing_states": failing, f"{p}/alerts_sent": self.alerts.sent,
                                  f"{p}/alerts_suppressed": self.alerts.suppressed,
                                  f"{p}/alerts_failed": self.alerts_failed,
                                  f"{p}/timeline_rows_dropped": self._rows_dropped})
+
+
+def _failing_layers(states: Mapping[tuple[str, str], SemanticEvent]) -> int:
+    return len({layer for (layer, _), e in states.items() if e.is_failure})

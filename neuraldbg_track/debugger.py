@@ -87,6 +87,14 @@ class NeuralDbg:
         self._hooks = HookSet()
         self._open = False
 
+    @classmethod
+    def from_config(cls, cfg: Any, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                    **extra: Any) -> "NeuralDbg":
+        """Build from a Hydra/OmegaConf node such as ``cfg.neuraldbg`` (needs ``[hydra]``); bad
+        values fail here, naming the key, the value and what is allowed."""
+        from .configure import from_config
+        return from_config(cfg, model, optimizer, **extra)
+
     @staticmethod
     def _make_journal(journal: Any, run_id: str | None) -> JsonlSink | None:
         if journal is False or journal is None:

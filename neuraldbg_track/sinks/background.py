@@ -10,6 +10,8 @@ warning; :func:`neuraldbg_track.delivery.replay` re-sends it.
 The contract for a wrapped sink: ``emit(event)`` may only buffer; ``flush()`` delivers everything
 emitted so far or raises, keeping what it could not send for the next ``flush()``; ``close()``
 flushes. An event counts as delivered when a ``flush()`` (or ``close()``) after its ``emit`` returned.
+An optional ``abandon()`` is called (from the closing thread, without waiting) when close gives up
+on a call that hangs, so the sink can refuse further requests.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class DeliveryStats:
     undelivered: int = 0
     """Given up on: not in the tracker, listed in ``undelivered_file`` for :func:`replay`."""
     pending: int = 0
+    """Queued, or emitted and awaiting the flush that confirms them."""
     retries: int = 0
     reasons: dict = field(default_factory=dict)
     last_error: str | None = None
@@ -69,8 +72,9 @@ class BackgroundSink(Sink):
                 raise ValueError(f"BackgroundSink {key}={value!r}; expected an integer >= 1")
         for key, value in (("flush_interval", flush_interval), ("backoff", backoff), ("max_backoff", max_backoff),
                            ("call_timeout", call_timeout), ("close_timeout", close_timeout)):
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"BackgroundSink {key}={value!r}; expected a number of seconds >= 0")
+            if not isinstance(value, (int, float)) or value < 0 or (key == "flush_interval" and value == 0):
+                raise ValueError(f"BackgroundSink {key}={value!r}; expected a number of seconds >= 0 "
+                                 "(flush_interval > 0)")
         self.sink = as_sink(sink)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._name = name or self.sink.name
@@ -99,6 +103,11 @@ class BackgroundSink(Sink):
     @name.setter
     def name(self, value: str) -> None:
         self._name = value
+
+    @property
+    def _owner(self) -> Any:
+        """The user's sink object (``as_sink`` may have adapted it)."""
+        return getattr(self.sink, "target", self.sink)
 
     @property
     def stats(self) -> DeliveryStats:
@@ -137,13 +146,21 @@ class BackgroundSink(Sink):
             self._cv.notify()
         self._thread.join(self.close_timeout)
         with self._cv:
-            if self._thread.is_alive():
+            hung = self._thread.is_alive()
+            if hung:
                 self._abandoned = True
                 self._wake.set()
-                self._give_up([*self._inflight, *self._queue, *self._unconfirmed],
-                              f"still pending after close_timeout={self.close_timeout:g} s")
-                self._inflight.clear(), self._queue.clear(), self._unconfirmed.clear()
+            self._give_up([*self._inflight, *self._queue, *self._unconfirmed],  # empty after a clean close
+                          f"still pending after close_timeout={self.close_timeout:g} s" if hung
+                          else "delivery thread stopped")
+            self._inflight.clear(), self._queue.clear(), self._unconfirmed.clear()
             atexit.unregister(self.close)
+        abandon = getattr(self._owner, "abandon", None) if hung else None  # optional: stop a stuck sink
+        if callable(abandon):
+            try:
+                abandon()
+            except Exception:
+                log.exception("neuraldbg-track: %s.abandon() failed", self._name)
         self._report()
 
     # ---- the worker thread --------------------------------------------------------------------
@@ -247,8 +264,8 @@ class BackgroundSink(Sink):
             self._file.parent.mkdir(parents=True, exist_ok=True)
             with open(self._file, "a", encoding="utf-8") as f:
                 f.writelines(e.to_json() + "\n" for e in lost)
-            hint = getattr(self.sink, "replay_hint", None)
-            target = hint() if callable(hint) else f"{type(self.sink).__name__}(...)"
+            hint = getattr(self._owner, "replay_hint", None)
+            target = hint() if callable(hint) else f"{type(self._owner).__name__}(...)"
             where = (f"they are in the journal and listed in {self._file}; once the tracker is reachable, "
                      f"re-send them with neuraldbg_track.delivery.replay({str(self.run_dir)!r}, {target})")
         msg = (f"neuraldbg-track: {len(lost)} of {received} events were not delivered to {self._name} "

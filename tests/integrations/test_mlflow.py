@@ -49,7 +49,8 @@ def watch(tmp_path, sink, steps=6, on_step=None, model=None) -> NeuralDbg:
 
 
 def rows(table) -> list[tuple]:
-    return sorted(zip(table.step, table.layer, table.event_type, table.from_state, table.to_state))
+    # pandas reads a column of all-numeric names (nn.Sequential's "0", "2", ...) back as integers
+    return sorted(zip(table.step, table.layer.astype(str), table.event_type, table.from_state, table.to_state))
 
 
 def identities(events) -> list[tuple]:
@@ -94,7 +95,7 @@ def test_no_argument_sink_tags_metrics_and_table_in_sqlite_store(mlflow_store, t
     assert sink.run_id not in search("tags.`neuraldbg.status` = 'EXPLODING'")
     table = mlflow.load_table(TABLE, run_ids=[sink.run_id])
     assert len(table) == 13 and rows(table) == identities(journal)
-    first = next(e for e in journal if e.layer_name == table.layer[0] and e.event_type == table.event_type[0])
+    first = next(e for e in journal if e.layer_name == str(table.layer[0]) and e.event_type == table.event_type[0])
     assert json.loads(table.metadata[0]) == first.to_dict()["metadata"]
 
 

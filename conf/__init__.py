@@ -1,0 +1,1 @@
+"""Hydra presets for neuraldbg-track (installed as ``neuraldbg_track.conf``); see hydra_conf.py."""
