@@ -74,7 +74,7 @@ def _text(event_type: str, state: str, events: list[SemanticEvent], max_layers: 
     n = len(events)
     steps = sorted({e.step for e in events})
     when = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-    shown = [f"{e.layer_name} ({_stat(e)})" if _stat(e) else e.layer_name for e in events[:max_layers]]
+    shown = [f"{e.layer_name} ({stat})" if (stat := _stat(e)) else e.layer_name for e in events[:max_layers]]
     more = f", and {n - max_layers} more" if n > max_layers else ""
     noun = "layer's" if n == 1 else "layers'"
     text = f"{n} {noun} {_WHAT.get(event_type, event_type)} became {state} at {when}: {', '.join(shown)}{more}."
@@ -92,11 +92,11 @@ class AlertPolicy:
     max_layers_listed: int = 10
     max_text_chars: int = 1000
     clock: Callable[[], float] = time.monotonic
-    sent: int = 0
-    suppressed: int = 0
-    _seen: set = field(default_factory=set)
-    _pending: dict = field(default_factory=dict)  # (event_type, state) -> (first_at, [events])
-    _last_sent: dict = field(default_factory=dict)  # title -> time
+    sent: int = field(default=0, init=False)
+    suppressed: int = field(default=0, init=False)
+    _seen: set = field(default_factory=set, init=False, repr=False)
+    _pending: dict = field(default_factory=dict, init=False, repr=False)  # (type, state) -> (first_at, [events])
+    _last_sent: dict = field(default_factory=dict, init=False, repr=False)  # title -> time
 
     def __post_init__(self) -> None:
         for name in ("window_s", "min_interval_s"):

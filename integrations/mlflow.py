@@ -3,9 +3,10 @@
     from neuraldbg_track.integrations.mlflow import MLflowSink
     with NeuralDbg(model, optimizer, sinks=[MLflowSink()]): ...
 
-Which run: ``run_id`` if given; else the run active (``mlflow.start_run``) on the thread that built
-the sink; else a new run in ``experiment_name`` (or the active / ``MLFLOW_EXPERIMENT_NAME`` /
-``MLFLOW_EXPERIMENT_ID`` / Default experiment), which is the only kind of run the sink ends.
+Which run: ``run_id`` if given; else the run active (``mlflow.start_run``) on the thread that
+built the sink or the ``NeuralDbg``; else a new run in ``experiment_name`` (or the active /
+``MLFLOW_EXPERIMENT_NAME`` / ``MLFLOW_EXPERIMENT_ID`` / Default experiment), which is the only kind
+of run the sink ends.
 All calls go through ``MlflowClient`` with explicit run ids, so they work from the delivery thread.
 
 Tags (values are states from :data:`~neuraldbg_track.integrations._payload.SEVERITY`):
@@ -40,15 +41,15 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 from urllib.parse import urlparse
 
-from neuraldbg_track.events import FAILURE_STATES, SemanticEvent
+from neuraldbg_track.events import SemanticEvent
 from neuraldbg_track.sinks import Sink
 
-from ._payload import MAX_KEY, join_truncated, sanitize_key, severity, truncate, worst_state
+from ._mlflow_tags import PREFIX, event_key, summary
+from ._payload import truncate
 
-PREFIX = "neuraldbg"
 COLUMNS = ["step", "layer", "event_type", "from_state", "to_state", "confidence", "metadata"]
 _TAGS_PER_BATCH = 100
 _LOGGED_ARTIFACTS = "mlflow.loggedArtifacts"  # the tag mlflow.load_table searches for
@@ -61,42 +62,6 @@ def _import_mlflow() -> Any:
     except ImportError as exc:
         raise ImportError(_INSTALL) from exc
     return mlflow
-
-
-def _key(event: SemanticEvent) -> tuple:
-    return (event.event_type, event.layer_name, event.step, event.from_state, event.to_state)
-
-
-def summary(events: Iterable[SemanticEvent]) -> tuple[dict[str, str], dict[str, float]]:
-    """The tags and metrics for ``events`` (any order: they are replayed in step order)."""
-    current: dict[tuple[str, str], str] = {}
-    first: dict[str, tuple[int, str]] = {}
-    layers: dict[str, dict[str, None]] = {}
-    ordered = sorted(events, key=lambda e: e.step)
-    for e in ordered:
-        current[(e.layer_name, e.event_type)] = e.to_state
-        if e.is_failure:
-            first.setdefault(e.to_state, (e.step, e.layer_name))
-            layers.setdefault(e.to_state, {})[e.layer_name] = None
-    failing = {layer for (layer, kind), state in current.items() if state in FAILURE_STATES.get(kind, ())}
-    tags = {f"{PREFIX}.status": worst_state(current.values()),
-            f"{PREFIX}.peak": worst_state(e.to_state for e in ordered),
-            f"{PREFIX}.failures": ",".join(sorted(first, key=lambda s: (-severity(s), s))) or "none",
-            f"{PREFIX}.event_count": str(len(ordered))}
-    metrics = {f"{PREFIX}.event_count": float(len(ordered)), f"{PREFIX}.failing_layers": float(len(failing))}
-    if ordered:
-        tags[f"{PREFIX}.last_step"] = str(ordered[-1].step)
-    for state, (step, layer) in first.items():
-        s = sanitize_key(state)
-        tags[f"{PREFIX}.first_step.{s}"] = str(step)
-        tags[f"{PREFIX}.first_layer.{s}"] = truncate(layer)
-        tags[f"{PREFIX}.layers.{s}"] = join_truncated(layers[state])
-        metrics[f"{PREFIX}.first_step.{s}"] = float(step)
-    for (layer, kind), state in current.items():
-        suffix = "." + sanitize_key(kind)
-        head = f"{PREFIX}.layer."
-        tags[head + sanitize_key(layer, MAX_KEY - len(head) - len(suffix)) + suffix] = state
-    return tags, metrics
 
 
 class MLflowSink(Sink):
@@ -123,18 +88,12 @@ class MLflowSink(Sink):
         self.experiment_name, self.run_name, self.table_file = experiment_name, run_name, table_file
         self.extra_tags = {str(k): truncate(v) for k, v in (tags or {}).items()}
         self.end_run, self.probe_timeout = end_run, probe_timeout
-        self._adopt, self._experiment_id = run_id, None
-        fluent = sys.modules.get("mlflow")  # only a process that imported mlflow can have an active run
-        if fluent is not None:
-            active = fluent.active_run() if run_id is None else None  # thread-local: read it here
-            if active is not None:
-                self._adopt = active.info.run_id
-            if tracking_uri is None:
-                self.tracking_uri = fluent.get_tracking_uri()
-                self._experiment_id = getattr(getattr(fluent.tracking, "fluent", None), "_active_experiment_id", None)
+        self._adopt, self._experiment_id, self._explicit = run_id, None, (tracking_uri, run_id)
+        self.capture_context()
         self._owns_run = False
         self._client: Any = None
         self._events: dict[tuple, SemanticEvent] = {}
+        self._rows: dict[tuple, str] = {}  # each event's table row, serialised once
         self._sent_tags: dict[str, str] = {}
         self._sent_metrics: dict[str, float] = {}
         self._table_rows = -1
@@ -143,6 +102,21 @@ class MLflowSink(Sink):
         self._lock = threading.RLock()
 
     # ---- run lifecycle ------------------------------------------------------------------------
+    def capture_context(self) -> None:
+        """Read the caller's MLflow state: active run, tracking URI, experiment. The active run is
+        thread-local, so this runs on the user's thread: at construction and again when NeuralDbg
+        takes the sink (``prepare_sink``). Explicit arguments win; nothing changes once started."""
+        fluent = sys.modules.get("mlflow")  # only a process that imported mlflow can have an active run
+        if fluent is None or self.run_id is not None:
+            return
+        uri, run_id = self._explicit
+        active = fluent.active_run() if run_id is None else None
+        if active is not None:
+            self._adopt = active.info.run_id
+        if uri is None:
+            self.tracking_uri = fluent.get_tracking_uri()
+            self._experiment_id = getattr(getattr(fluent.tracking, "fluent", None), "_active_experiment_id", None)
+
     def start(self) -> str:
         """Resolve (adopt or create) the run; returns its id. Idempotent."""
         with self._lock:
@@ -188,7 +162,7 @@ class MLflowSink(Sink):
             if self._closed:
                 raise RuntimeError("MLflowSink.emit() after close(); create a new MLflowSink(run_id=...) "
                                    "to add to the same run")
-            self._events.setdefault(_key(event), event)
+            self._add(event)
 
     def flush(self) -> None:
         """Send the tags and metrics that changed and the table if it grew; raises if MLflow fails
@@ -246,17 +220,23 @@ class MLflowSink(Sink):
             if start == 0:
                 self._sent_metrics.update(metrics)
 
+    def _add(self, e: SemanticEvent) -> None:
+        key = event_key(e)
+        if key not in self._events:
+            self._events[key] = e
+            self._rows[key] = json.dumps([e.step, e.layer_name, e.event_type, e.from_state, e.to_state,
+                                          e.confidence, json.dumps(e.to_dict()["metadata"], sort_keys=True)])
+
     def _upload_table(self, run_id: str) -> None:
-        events = sorted(self._events.values(), key=lambda e: e.step)
-        rows = [[e.step, e.layer_name, e.event_type, e.from_state, e.to_state, e.confidence,
-                 json.dumps(e.to_dict()["metadata"], sort_keys=True)] for e in events]
+        keys = sorted(self._events, key=lambda k: k[2])  # by step; stable, so arrival order within a step
         folder = posixpath.dirname(self.table_file) or None
         self._live()
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp:  # mlflow.log_table's format: pandas orient="split"
             path = Path(tmp) / posixpath.basename(self.table_file)
-            path.write_text(json.dumps({"columns": COLUMNS, "data": rows}), encoding="utf-8")
+            data = ",".join(self._rows[k] for k in keys)
+            path.write_text(f'{{"columns": {json.dumps(COLUMNS)}, "data": [{data}]}}', encoding="utf-8")
             self._client.log_artifact(run_id, str(path), folder)  # replaces the previous upload
-        self._table_rows = len(events)
+        self._table_rows = len(keys)
         if not self._table_registered:  # what mlflow.log_table records, so load_table finds it
             logged = json.loads(self._client.get_run(run_id).data.tags.get(_LOGGED_ARTIFACTS, "[]"))
             entry = {"path": self.table_file, "type": "table"}
@@ -279,6 +259,6 @@ class MLflowSink(Sink):
                                   step=row[index["step"]], from_state=row[index["from_state"]],
                                   to_state=row[index["to_state"]], confidence=row[index["confidence"]],
                                   metadata=json.loads(row[index["metadata"]] or "{}"))
-            self._events.setdefault(_key(event), event)
-            keys.add(_key(event))
+            self._add(event)
+            keys.add(event_key(event))
         self._table_rows = len(keys)  # events buffered before start() and not in it make the table grow

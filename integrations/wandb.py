@@ -151,6 +151,12 @@ class WandbSink(Sink):
                 self.run.finish()
 
     # ---- alerts -------------------------------------------------------------------------------
+    @property
+    def pending_alerts(self) -> int:
+        """Failing layers waiting for their (aggregated, rate-limited) alert."""
+        with self._lock:
+            return self.alerts.pending_layers
+
     def _send(self, alert) -> None:
         try:
             self.run.alert(title=alert.title, text=alert.text, level=alert.level,

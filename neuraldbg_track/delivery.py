@@ -27,8 +27,12 @@ def prepare_sink(target: Any, journal: JsonlSink | None) -> Sink:
     """The sink NeuralDbg adds for a user-given sink (``journal`` is the run's journal, or None).
 
     Tracker sinks (``deliver_in_background = True``) are wrapped in a :class:`BackgroundSink` whose
-    undelivered events go beside the journal; other sinks and plain callables stay synchronous.
+    undelivered events go beside the journal; other sinks and plain callables stay synchronous. A
+    sink's optional ``capture_context()`` is called first, on the caller's thread.
     """
+    owner = getattr(target, "_owner", target)
+    if callable(getattr(owner, "capture_context", None)):
+        owner.capture_context()  # still on the user's thread: e.g. MLflow's thread-local active run
     if isinstance(target, BackgroundSink):  # configured by the user: keep its settings
         wrapped = target
     elif getattr(target, "deliver_in_background", False):

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import neuraldbg_track
 from neuraldbg_track import ConsoleSink, JsonlSink, SemanticEvent, read_journal
 from neuraldbg_track.delivery import prepare_sink
 from neuraldbg_track.integrations._wandb_offline import read_offline_run
@@ -88,8 +91,10 @@ def mlflow(tmp_path, request):
     sink = MLflowSink(tracking_uri=store.uri, experiment_name=f"contract-{tmp_path.name}")
 
     def read():
-        request.getfixturevalue("monkeypatch").setenv("MLFLOW_TRACKING_URI", store.uri)
-        table = client.load_table(sink.table_file, run_ids=[sink.run_id])
+        request.getfixturevalue("monkeypatch").setenv("MLFLOW_TRACKING_URI", store.uri)  # load_table searches there
+        tracking = client.MlflowClient(store.uri)
+        experiment = tracking.get_run(sink.run_id).info.experiment_id
+        table = tracking.load_table(experiment, sink.table_file, run_ids=[sink.run_id])
         order = {identity(e)[:5]: i for i, e in enumerate(STREAM)}  # the table may be in any order
         rows = sorted(zip(table.step, table.layer, table.event_type, table.from_state, table.to_state,
                           table.confidence), key=lambda r: order.get(r[:5], -1))
@@ -118,6 +123,8 @@ def test_tracker_sinks_construct_without_importing_their_tracker():
             "sinks = [MLflowSink(), TensorBoardSink(), WandbSink()]\n"
             "assert all(s.deliver_in_background for s in sinks)\n"
             "print(sorted(m for m in ('mlflow', 'wandb', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    here = str(Path(neuraldbg_track.__file__).resolve().parent.parent)  # import what this process imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
