@@ -95,7 +95,7 @@ class AlertPolicy:
     sent: int = field(default=0, init=False)
     suppressed: int = field(default=0, init=False)
     _seen: set = field(default_factory=set, init=False, repr=False)
-    _pending: dict = field(default_factory=dict, init=False, repr=False)  # (type, state) -> (first_at, [events])
+    _pending: dict = field(default_factory=dict, init=False, repr=False)  # (type, state) -> (t0, [events])
     _last_sent: dict = field(default_factory=dict, init=False, repr=False)  # title -> time
 
     def __post_init__(self) -> None:

@@ -133,7 +133,7 @@ class MLflowSink(Sink):
             else:
                 tags = {f"{PREFIX}.table": self.table_file, **self.extra_tags}
                 run = client.create_run(self._experiment(client), run_name=self.run_name, tags=tags)
-                self._owns_run = True
+                self._owns_run, self._sent_tags = True, dict(tags)
             self._client, self.run_id = client, run.info.run_id
             return self.run_id
 

@@ -6,6 +6,9 @@ writer=w)`` into your own writer (then it flushes but does not close it). All at
 
 * text ``<prefix>/events``: one Markdown table row per event (step, layer, transition, confidence,
   key statistic), layer names and metadata escaped;
+* ``<prefix>/event_json``: each event's exact JSON (``SemanticEvent.to_json``) as a string tensor of
+  plugin ``neuraldbg_event``, which TensorBoard does not display; ``neuraldbg-track show/compare``
+  read a log dir back from it;
 * scalars ``<prefix>/state/<event_type>/<layer>`` (state code, see ``STATE_CODES``),
   ``<prefix>/<statistic>/<layer>`` for grad_norm, dead_fraction, saturated_fraction and rms
   (``<layer>`` via ``sanitize_key``), ``<prefix>/events/<event_type>``, ``<prefix>/events/total``
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
+EVENT_JSON_TAG = "event_json"        # <prefix>/event_json: the exact event, for reading runs back
+EVENT_JSON_PLUGIN = "neuraldbg_event"
 _STATS_BY_TYPE = {"gradient_health": ("grad_norm",),
                   "activation_regime": ("dead_fraction", "saturated_fraction", "rms")}
 
@@ -62,6 +67,18 @@ def event_markdown(event: SemanticEvent) -> str:
              f"{md_escape(event.from_state)} → {to_state}", f"{event.confidence:.2f}", md_escape(shown)]
     return ("| step | layer | event | transition | confidence | statistic |\n"
             "|---:|---|---|---|---:|---|\n| " + " | ".join(cells) + " |")
+
+
+def event_json_summary(tag: str, event: SemanticEvent) -> Any:
+    """A summary holding ``event.to_json()`` as a string tensor of plugin :data:`EVENT_JSON_PLUGIN`."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+    metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name=EVENT_JSON_PLUGIN))
+    tensor = TensorProto(dtype="DT_STRING", string_val=[event.to_json().encode("utf-8")],
+                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
 
 
 def custom_layout(prefix: str) -> dict[str, dict[str, list]]:
@@ -114,6 +131,7 @@ class TensorBoardSink(Sink):
                 raise RuntimeError("TensorBoardSink.emit() after close(); create a new sink")
             w, p, step = self._start(), self.prefix, event.step
             w.add_text(f"{p}/events", event_markdown(event), global_step=step)
+            w._get_file_writer().add_summary(event_json_summary(f"{p}/{EVENT_JSON_TAG}", event), step)
             layer = sanitize_key(event.layer_name)  # the same key segment as in W&B and MLflow
             w.add_scalar(f"{p}/state/{event.event_type}/{layer}",
                          state_code(event.event_type, event.to_state), global_step=step)

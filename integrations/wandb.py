@@ -56,8 +56,8 @@ class WandbSink(Sink):
                  alert_states: Iterable[str] = DEFAULT_ALERT_STATES,
                  alert_levels: Mapping[str, str] | None = None, alert_window_s: float = 2.0,
                  min_alert_interval_s: float = 300.0, max_alerts: int = 20, table_every: int = 100,
-                 table_interval_s: float = 30.0, chart: str | None = DEFAULT_CHART, prefix: str = "neuraldbg", commit: bool | None = None,
-                 init_kwargs: Mapping[str, Any] | None = None) -> None:
+                 table_interval_s: float = 30.0, chart: str | None = DEFAULT_CHART, prefix: str = "neuraldbg",
+                 commit: bool | None = None, init_kwargs: Mapping[str, Any] | None = None) -> None:
         if not (isinstance(table_every, int) and table_every >= 1):
             raise ValueError(f"table_every={table_every!r}; expected an integer >= 1")
         if not (isinstance(table_interval_s, (int, float)) and table_interval_s >= 0):
@@ -115,9 +115,9 @@ class WandbSink(Sink):
             states = {**self._states, (event.layer_name, event.event_type): event}
             code = state_code(event.event_type, event.to_state)
             p = self.prefix
-            run.log({f"{p}/step": event.step, f"{p}/state/{sanitize_key(event.layer_name)}/{event.event_type}": code,
-                     f"{p}/events": self.count + 1, f"{p}/failing_layers": _failing_layers(states)},
-                    commit=self._commit)
+            layer_key = f"{p}/state/{sanitize_key(event.layer_name)}/{event.event_type}"
+            run.log({f"{p}/step": event.step, layer_key: code, f"{p}/events": self.count + 1,
+                     f"{p}/failing_layers": _failing_layers(states)}, commit=self._commit)
             self._states = states  # only once the tracker took the event: a retried emit is clean
             self.count += 1
             self._add_row(event, code)
@@ -218,13 +218,13 @@ class WandbSink(Sink):
 
     def _write_summary(self) -> None:
         p = self.prefix
+        states = [e.to_state for e in self._states.values()]
         failing = sorted({e.to_state for e in self._states.values() if e.is_failure})
-        self.run.summary.update({f"{p}/status": worst_state(e.to_state for e in self._states.values()),
-                                 f"{p}/events": self.count, f"{p}/failing_layers": _failing_layers(self._states),
-                                 f"{p}/failing_states": failing, f"{p}/alerts_sent": self.alerts.sent,
-                                 f"{p}/alerts_suppressed": self.alerts.suppressed,
-                                 f"{p}/alerts_failed": self.alerts_failed,
-                                 f"{p}/timeline_rows_dropped": self._rows_dropped})
+        self.run.summary.update({
+            f"{p}/status": worst_state(states), f"{p}/events": self.count,
+            f"{p}/failing_layers": _failing_layers(self._states), f"{p}/failing_states": failing,
+            f"{p}/alerts_sent": self.alerts.sent, f"{p}/alerts_suppressed": self.alerts.suppressed,
+            f"{p}/alerts_failed": self.alerts_failed, f"{p}/timeline_rows_dropped": self._rows_dropped})
 
 
 def _failing_layers(states: Mapping[tuple[str, str], SemanticEvent]) -> int:

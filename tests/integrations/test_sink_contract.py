@@ -91,14 +91,15 @@ def mlflow(tmp_path, request):
     sink = MLflowSink(tracking_uri=store.uri, experiment_name=f"contract-{tmp_path.name}")
 
     def read():
-        request.getfixturevalue("monkeypatch").setenv("MLFLOW_TRACKING_URI", store.uri)  # load_table searches there
+        request.getfixturevalue("monkeypatch").setenv("MLFLOW_TRACKING_URI", store.uri)  # load_table looks here
         tracking = client.MlflowClient(store.uri)
         experiment = tracking.get_run(sink.run_id).info.experiment_id
         table = tracking.load_table(experiment, sink.table_file, run_ids=[sink.run_id])
         order = {identity(e)[:5]: i for i, e in enumerate(STREAM)}  # the table may be in any order
         rows = sorted(zip(table.step, table.layer, table.event_type, table.from_state, table.to_state,
                           table.confidence), key=lambda r: order.get(r[:5], -1))
-        return [(int(s), str(layer), kind, old, new, round(float(c), 2)) for s, layer, kind, old, new, c in rows]
+        return [(int(step), str(layer), kind, old, new, round(float(conf), 2))
+                for step, layer, kind, old, new, conf in rows]
     return sink, read
 
 
@@ -122,7 +123,8 @@ def test_tracker_sinks_construct_without_importing_their_tracker():
             "from neuraldbg_track.integrations.wandb import WandbSink\n"
             "sinks = [MLflowSink(), TensorBoardSink(), WandbSink()]\n"
             "assert all(s.deliver_in_background for s in sinks)\n"
-            "print(sorted(m for m in ('mlflow', 'wandb', 'tensorboard', 'torch.utils.tensorboard') if m in sys.modules))\n")
+            "trackers = ('mlflow', 'wandb', 'tensorboard', 'torch.utils.tensorboard')\n"
+            "print(sorted(m for m in trackers if m in sys.modules))\n")
     here = str(Path(neuraldbg_track.__file__).resolve().parent.parent)  # import what this process imports
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)

@@ -31,7 +31,8 @@ def vanishing_tb(tmp_path_factory):
 def test_every_event_is_one_markdown_table_row_under_one_tag(vanishing_tb):
     events, acc = vanishing_tb
     assert len(events) == 13
-    assert [t for t in acc.Tags()["tensors"] if t.endswith("/text_summary")] == ["neuraldbg/events/text_summary"]
+    text_tags = [t for t in acc.Tags()["tensors"] if t.endswith("/text_summary")]
+    assert text_tags == ["neuraldbg/events/text_summary"]
     texts = tb_texts(acc, "neuraldbg/events")
     assert texts == [(e.step, event_markdown(e)) for e in events]
     header, rule, row = texts[0][1].split("\n")
