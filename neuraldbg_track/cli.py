@@ -158,19 +158,23 @@ def _render_finals(console: Any, result: Comparison) -> None:
     shown = [layer for layer in result.layers if layer in eventful]
     states = {(f.layer, f.event_type): f.states for f in result.finals}
     if shown:
-        columns = [f"{kind_label(et, '').strip()} {label}" for et in HEALTHY_STATE for label in result.labels]
-        table = _table("Final state per layer (layers with events)", "layer", *columns)
+        single = len(result.labels) == 1
+        columns = [kind_label(et, "" if single else label).strip() for et in HEALTHY_STATE for label in result.labels]
+        table = _table("Final state per layer", "layer", *columns)
+        finals = [t.final_states() for t in result.timelines]
         for layer in shown:
             cells = []
             for et in HEALTHY_STATE:
                 row = states[(layer, et)]
                 differs = len({s for s in row if s is not None}) > 1
-                cells += [f"[reverse]{_state(et, s)}[/]" if differs else _state(et, s) for s in row]
+                for state, final in zip(row, finals):
+                    cell = _state(et, state) if et in final.get(layer, {}) or state is None else f"[dim]{state}[/]"
+                    cells.append(f"[reverse]{cell}[/]" if differs else cell)
             table.add_row(layer, *cells)
         console.print(table)
     quiet = len(result.layers) - len(shown)
-    if quiet:
-        console.print(f"[dim]{quiet} other layer(s): no events, healthy/normal throughout[/]")
+    note = f"{quiet} other layer(s): no events, healthy/normal throughout. " if quiet else ""
+    console.print(f"[dim]{note}A dim state is implied: that layer has no event of that kind.[/]")
 
 
 def _render_compare(console: Any, result: Comparison, diff_only: bool) -> None:

@@ -39,10 +39,10 @@ def labels_for(n: int) -> list[str]:
     return [chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i in range(n)]
 
 
-def _names(items: Sequence[str], limit: int = 3) -> str:
+def _names(items: Sequence[str], limit: int = 4) -> str:
     items = list(items)
     if len(items) > limit:
-        return ", ".join(items[:limit]) + f" and {len(items) - limit} more"
+        return ", ".join(items[:limit - 1]) + f" and {len(items) - limit + 1} more"
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
@@ -146,60 +146,47 @@ def compare(timelines: Sequence[Timeline], labels: Sequence[str] | None = None) 
 # ---- the verdict -------------------------------------------------------------------------------
 def _verdict(timelines: Sequence[Timeline], labels: Sequence[str], rows: Sequence[OnsetRow],
              finals: Sequence[FinalRow]) -> str:
+    firsts = [t.first_failures() for t in timelines]
+    if len(timelines) == 1:
+        return _single(timelines[0], firsts[0])
     run = [f"run {label}" for label in labels]
     parts: list[str] = []
     steps = [t.steps for t in timelines]
-    if len(timelines) > 1 and all(s is not None for s in steps) and len(set(steps)) > 1:
-        parts.append(", ".join(f"{run[i]} ran {s} steps" for i, s in enumerate(steps)))
+    if all(n is not None for n in steps) and len(set(steps)) > 1:
+        parts.append(", ".join(f"{run[i]} ran {n} steps" for i, n in enumerate(steps)))
     parts += [f"{run[i]} logged no events" for i, t in enumerate(timelines) if not t.events]
-    covered = set()
-    firsts = [t.first_failures() for t in timelines]
-    kinds = sorted({k for f in firsts for k in f}, key=lambda k: (-severity(k[1]), k))
-    for kind in kinds:
-        sentence, only = _kind_sentence(kind, firsts, timelines, run)
+    covered = set()  # failure kinds some runs never show: one sentence per kind, not per layer
+    for kind in sorted({k for f in firsts for k in f}, key=lambda k: (-severity(k[1]), k)):
+        sentence = _kind_sentence(kind, firsts, timelines, run)
         if sentence:
             parts.append(sentence)
-        if only:
             covered.add(kind)
     parts += _shift_sentences(rows, run)
     parts += _only_sentences([r for r in rows if r.status == "only_in" and (r.event_type, r.state) not in covered],
                              run)
     parts += _final_sentences(finals, run)
     parts += _layer_set_sentences(timelines, run)
-    if len(timelines) == 1:
-        return _single(timelines[0], firsts[0])
     if not parts:
-        return (f"{_names(run)} show the same failures at the same steps and end in the same states.")
+        parts = [f"{_names(run)} show the same failures at the same steps and end in the same states"]
     text = "; ".join(parts)
     return text[0].upper() + text[1:] + "."
 
 
-def _kind_sentence(kind, firsts, timelines, run) -> tuple[str, bool]:
+def _kind_sentence(kind: tuple[str, str], firsts: Sequence[dict], timelines: Sequence[Timeline],
+                   run: Sequence[str]) -> str:
+    """"run A explodes at step 812 (layer fc3), run B never does" when some runs never show ``kind``."""
     event_type, state = kind
     have = [i for i, f in enumerate(firsts) if kind in f]
     never = [i for i, f in enumerate(firsts) if kind not in f]
-    if len(timelines) == 1:
-        return "", False
-    if not never:
-        steps = [firsts[i][kind]["step"] for i in have]
-        if len(set(steps)) == 1:
-            return "", False
-        bits = []
-        for i in have[1:]:
-            delta = steps[i] - steps[0]
-            if delta:
-                bits.append(f"{run[i]} first {_verb(event_type, state)} at step {steps[i]}, {abs(delta)} steps "
-                            f"{'later' if delta > 0 else 'earlier'} than {run[0]} (step {steps[0]})")
-        return "; ".join(bits), False
-    doing = []
-    for i in have:
-        f = firsts[i][kind]
-        doing.append(f"{run[i]} {_verb(event_type, state)} at step {f['step']} ({_layers_phrase(f['layers'])})")
-    end = firsts[have[0]][kind]["step"]
+    if not never:  # every run shows it: the per-layer onsets say when
+        return ""
+    doing = [f"{run[i]} {_verb(event_type, state)} at step {firsts[i][kind]['step']} "
+             f"({_layers_phrase(firsts[i][kind]['layers'])})" for i in have]
+    end = min(firsts[i][kind]["step"] for i in have)
     stops = [i for i in never if timelines[i].steps is not None and timelines[i].steps <= end]
     tail = "".join(f" ({run[i]} stops at step {timelines[i].steps - 1})" for i in stops)
     verb = "does" if len(never) == 1 else "do"
-    return f"{' and '.join(doing)}, {_names([run[i] for i in never])} never {verb}{tail}", True
+    return f"{' and '.join(doing)}, {_names([run[i] for i in never])} never {verb}{tail}"
 
 
 def _layers_phrase(layers: Sequence[str]) -> str:

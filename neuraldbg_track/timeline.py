@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any, Iterable, Mapping, Sequence
 
 from .events import FAILURE_STATES, HEALTHY_STATE, SemanticEvent
+from .integrations._payload import severity
 
 
 class TimelineError(ValueError):
@@ -147,7 +148,7 @@ class Timeline:
         return out
 
     def first_failures(self) -> dict[tuple[str, str], dict[str, Any]]:
-        """Per failure kind ``(event_type, state)``, earliest first: the first onset step, the
+        """Per failure kind ``(event_type, state)``, earliest (then worst) first: the first onset step, the
         layer(s) that failed then, and every layer that ever did (model order)."""
         rank = {layer: i for i, layer in enumerate(self.layers)}
         kinds: dict[tuple[str, str], list[tuple[str, int]]] = {}
@@ -159,7 +160,7 @@ class Timeline:
             first = min(step for _, step in items)
             out[kind] = {"step": first, "first_layers": [l for l, step in items if step == first],
                          "layers": [l for l, _ in items]}
-        return dict(sorted(out.items(), key=lambda kv: (kv[1]["step"], kv[0])))
+        return dict(sorted(out.items(), key=lambda kv: (kv[1]["step"], -severity(kv[0][1]), kv[0])))
 
     def same_events(self, other: "Timeline") -> bool:
         """True when both hold the same events (every field, metadata included) in the same order
