@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
 """Per-step overhead of neuraldbg-track against the same loop without it, in one process.
 
-Variants run interleaved in rounds (each round: a block of steps per variant, order rotated), so
-machine noise hits all of them alike; the figure is the median step time over all measured steps,
-reported as a ratio to the plain loop. Journal and console are off: this measures the extractor.
+Every variant trains its own copy of the model; variants run interleaved in rounds (a block of
+steps each, order rotated every round) so machine noise hits all of them alike. The figure is the
+median step time over all measured steps, printed as a ratio to the plain loop of the same
+workload (compiled variants: to the compiled plain loop). Journal and console are off: this
+measures the extractor, not disk or terminal I/O.
 
-    .venv/bin/python benchmarks/bench_overhead.py            # 20-layer MLP, width 256, batch 64
-    .venv/bin/python benchmarks/bench_overhead.py --rounds 40 --block 25
+    .venv/bin/python benchmarks/bench_overhead.py                 # MLP-20, CNN, transformer, naive reference
+    .venv/bin/python benchmarks/bench_overhead.py --scaling       # MLPs of ~20, 100, 400, 1000 modules
+    .venv/bin/python benchmarks/bench_overhead.py --compile --wandb --memory
 """
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import resource
 import statistics
+import tempfile
 import time
 from contextlib import ExitStack
+from typing import Callable
 
 import torch
 from torch import nn
@@ -21,59 +29,187 @@ from torch import nn
 from neuraldbg_track import NeuralDbg
 
 
-def mlp20(width: int = 256) -> nn.Module:
-    layers: list[nn.Module] = []
-    for _ in range(20):
-        layers += [nn.Linear(width, width), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
+# ---- workloads ----------------------------------------------------------------------------------
+def mlp(layers: int, width: int = 256) -> nn.Module:
+    mods: list[nn.Module] = []
+    for _ in range(layers):
+        mods += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*mods[:-1])
 
 
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+                                      nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x).flatten(1))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d: int = 256) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d, nhead=4, dim_feedforward=4 * d, batch_first=True, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+        self.head = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+
+WORKLOADS: dict[str, tuple[Callable[[], nn.Module], Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = {
+    "MLP-20 (w256, b64)": (lambda: mlp(20), lambda: (torch.randn(64, 256), torch.randn(64, 256))),
+    "CNN (3 conv, b32 32x32)": (SmallCNN, lambda: (torch.randn(32, 3, 32, 32), torch.randn(32, 10))),
+    "Transformer enc (4L, d256, b16x32)": (Encoder, lambda: (torch.randn(16, 32, 256), torch.randn(16, 32, 256))),
+}
+
+
+def scaling_workloads() -> dict:
+    out = {}
+    for layers, width in ((10, 128), (50, 64), (200, 32), (500, 16)):
+        make = (lambda n=layers, w=width: mlp(n, w))
+        data = (lambda w=width: (torch.randn(32, w), torch.randn(32, w)))
+        out[f"MLP {2 * layers - 1} modules (w{width})"] = (make, data)
+    return out
+
+
+# ---- the naive reference: the design our anchors use --------------------------------------------
+def attach_naive(model: nn.Module, stack: ExitStack) -> None:
+    """Per-layer .item() statistics in forward hooks plus full backward hooks (upstream NeuralDBG)."""
+    stats: list[float] = []
+
+    def fwd(module, inputs, output):
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            o = output.detach()
+            stats.extend([o.norm().item(), o.mean().item(), o.std().item(), (o == 0).float().mean().item(),
+                          (o.abs() > 0.95).float().mean().item()])
+
+    def bwd(module, grad_input, grad_output):
+        g = grad_output[0]
+        if g is not None:
+            stats.extend([g.norm().item(), g.abs().max().item()])
+
+    handles = []
+    for m in model.modules():
+        if next(m.children(), None) is None and not isinstance(m, nn.ReLU):  # in-place-safe leaves
+            handles += [m.register_forward_hook(fwd), m.register_full_backward_hook(bwd)]
+    stack.callback(lambda: [h.remove() for h in handles])
+    stack.callback(stats.clear)
+
+
+# ---- measurement ----------------------------------------------------------------------------------
 class Variant:
-    def __init__(self, name: str, make_model, batch: int, width: int, stack: ExitStack, **dbg_kw) -> None:
+    def __init__(self, name: str, make_model, make_data, stack: ExitStack, mode: str, compile_: bool = False,
+                 **dbg_kw) -> None:
         torch.manual_seed(0)
-        self.name, self.model = name, make_model(width)
+        self.name, self.model = name, make_model()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
-        self.x, self.y = torch.randn(batch, width), torch.randn(batch, width)
+        self.x, self.y = make_data()
         self.times: list[float] = []
-        self.dbg = stack.enter_context(NeuralDbg(self.model, self.opt, console=False, journal=False, **dbg_kw)) \
-            if dbg_kw.get("enabled", True) and name != "plain" else None
+        self.log: Callable[[torch.Tensor], None] | None = None
+        if mode == "neuraldbg":
+            stack.enter_context(NeuralDbg(self.model, self.opt, console=False, journal=False, **dbg_kw))
+        elif mode == "naive":
+            attach_naive(self.model, stack)
+        elif mode == "wandb":
+            import wandb
+            run = wandb.init(mode="offline", dir=stack.enter_context(tempfile.TemporaryDirectory()),
+                             settings=wandb.Settings(silent=True, x_disable_stats=True))
+            stack.callback(run.finish)
+            run.watch(self.model, log="gradients", log_freq=1)
+            self.log = lambda loss: run.log({"loss": float(loss)})
+        self.forward = torch.compile(self.model) if compile_ else self.model
 
     def run(self, steps: int, record: bool) -> None:
         for _ in range(steps):
             t0 = time.perf_counter()
-            loss = nn.functional.mse_loss(self.model(self.x), self.y)
+            loss = nn.functional.mse_loss(self.forward(self.x), self.y)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
+            if self.log is not None:
+                self.log(loss.detach())
             if record:
                 self.times.append(time.perf_counter() - t0)
 
 
+def measure(variants: list[Variant], rounds: int, block: int, warmup: int) -> dict[str, float]:
+    for v in variants:
+        v.run(warmup, record=False)
+    for r in range(rounds):
+        k = r % len(variants)
+        for v in variants[k:] + variants[:k]:
+            v.run(block, record=True)
+    return {v.name: statistics.median(v.times) for v in variants}
+
+
+def report(title: str, medians: dict[str, float], baselines: dict[str, str]) -> None:
+    print(f"\n{title}")
+    print(f"  {'variant':<34}{'median ms':>10}{'ratio':>8}")
+    for name, med in medians.items():
+        base = medians[baselines.get(name, "plain")]
+        print(f"  {name:<34}{med * 1e3:>10.3f}{med / base:>8.3f}")
+
+
+def run_workload(title, make_model, make_data, args, naive=True) -> None:
+    with ExitStack() as stack:
+        specs = [("plain", "plain", {}), ("neuraldbg every step", "neuraldbg", {}),
+                 ("neuraldbg every 10 steps", "neuraldbg", {"every_n_steps": 10})]
+        if naive:
+            specs.append(("naive .item() + backward hooks", "naive", {}))
+        if args.wandb:
+            specs.append(("wandb.watch gradients, log_freq=1", "wandb", {}))
+        variants = [Variant(n, make_model, make_data, stack, mode, **kw) for n, mode, kw in specs]
+        baselines = {}
+        if args.compile:
+            variants += [Variant("compiled plain", make_model, make_data, stack, "plain", compile_=True),
+                         Variant("compiled + neuraldbg", make_model, make_data, stack, "neuraldbg", compile_=True)]
+            baselines = {"compiled plain": "compiled plain", "compiled + neuraldbg": "compiled plain"}
+        report(title, measure(variants, args.rounds, args.block, args.warmup), baselines)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_check(steps: int) -> None:
+    """Event store after a long run whose statistic flaps around a threshold (no hysteresis would
+    give an event every few steps), and peak RSS (Linux ru_maxrss) of the process."""
+    model = nn.Linear(8, 8)
+    with NeuralDbg(model, console=False, journal=False, max_events=1000) as dbg:
+        g = torch.Generator().manual_seed(0)
+        for _ in range(steps):
+            scale = 1e-6 * float(10 ** ((torch.rand((), generator=g) - 0.5) * 0.4))  # +-0.2 decades
+            model.weight.grad = torch.full_like(model.weight, scale / 8)
+            model.bias.grad = torch.zeros_like(model.bias)
+            dbg.step()
+    print(f"\nmemory: {steps} steps of a gradient norm flapping +-0.2 decades around 1e-6 -> "
+          f"{len(dbg.events)} events kept, {dbg.dropped_events} dropped; peak RSS {peak_rss_mb():.0f} MB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--block", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--block", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--only", default="", help="run workloads whose title contains this text")
+    ap.add_argument("--scaling", action="store_true", help="the MLP scaling series instead")
+    ap.add_argument("--compile", action="store_true", help="add torch.compile variants (slow to warm up)")
+    ap.add_argument("--wandb", action="store_true", help="add wandb.watch(log='gradients', log_freq=1), offline")
+    ap.add_argument("--memory", action="store_true", help="add the event-store / RSS check")
     args = ap.parse_args()
-    with ExitStack() as stack:
-        variants = [Variant("plain", mlp20, args.batch, args.width, stack),
-                    Variant("neuraldbg every step", mlp20, args.batch, args.width, stack, every_n_steps=1),
-                    Variant("neuraldbg every 10 steps", mlp20, args.batch, args.width, stack, every_n_steps=10)]
-        for v in variants:
-            v.run(args.warmup, record=False)
-        for r in range(args.rounds):
-            order = variants[r % len(variants):] + variants[: r % len(variants)]
-            for v in order:
-                v.run(args.block, record=True)
-    base = statistics.median(variants[0].times)
-    print(f"20-layer MLP (width {args.width}, batch {args.batch}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads), {args.rounds}x{args.block} steps per variant")
-    print(f"{'variant':<28}{'median ms':>10}{'ratio':>8}")
-    for v in variants:
-        med = statistics.median(v.times)
-        print(f"{v.name:<28}{med * 1e3:>10.3f}{med / base:>8.3f}")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs; {args.rounds} rounds x {args.block} steps per variant, medians")
+    workloads = scaling_workloads() if args.scaling else WORKLOADS
+    for title, (make_model, make_data) in workloads.items():
+        if args.only in title:
+            run_workload(title, make_model, make_data, args, naive=not args.scaling)
+    if args.memory:
+        memory_check(20_000)
 
 
 if __name__ == "__main__":

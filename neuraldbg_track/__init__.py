@@ -2,12 +2,17 @@
 from pathlib import Path as _Path
 
 # Installed, ``integrations/`` and ``conf/`` are mapped to ``neuraldbg_track.integrations`` and
-# ``neuraldbg_track.conf`` (see pyproject.toml). When this package is imported straight from a source
-# checkout (``python -m pytest`` in the repository root puts it first on sys.path), let those two
-# subpackages resolve from the checkout as well.
-_checkout = _Path(__file__).resolve().parent.parent
-if (_checkout / "integrations" / "__init__.py").is_file() and (_checkout / "conf" / "__init__.py").is_file():
-    __path__.append(str(_checkout))  # type: ignore[name-defined]
+# ``neuraldbg_track.conf`` (see pyproject.toml). In a source checkout (``python -m pytest`` from the
+# repository root, or a strict editable install whose link tree lacks files added since) resolve every
+# submodule from the checkout itself: the real package directory first, then the repository root.
+_here = _Path(__file__).resolve().parent
+_checkout = _here.parent
+if (_checkout / "pyproject.toml").is_file() and (_checkout / "integrations" / "__init__.py").is_file():
+    for _p in (str(_checkout), str(_here)):
+        if _p in __path__:  # type: ignore[name-defined]
+            __path__.remove(_p)  # type: ignore[name-defined]
+        __path__.insert(0, _p)  # type: ignore[name-defined]
+
 from .config import ConfigError, Thresholds, WatchConfig
 from .debugger import NeuralDbg
 from .events import ActivationRegime, EventType, GradientHealth, SemanticEvent, UNKNOWN
