@@ -85,8 +85,8 @@ def classify_gradient(stats: GradientStats, current: str, th: Thresholds,
     staying = current == G.SATURATED.value
     sat_norm = th.saturation_norm / 10 ** h if staying else th.saturation_norm
     cv_limit = th.saturation_cv * 10 ** h if staying else th.saturation_cv
-    cv = window.cv()
-    if g >= sat_norm and cv is not None and cv < cv_limit:
+    cv = window.cv() if g >= sat_norm else None  # the window is only read for high norms
+    if cv is not None and cv < cv_limit:
         margin = min(_decades(g, th.saturation_norm), _decades(th.saturation_cv, cv) if cv > 0 else math.inf)
         return Verdict(G.SATURATED.value, max(margin, 0.0),
                        {**evidence, "cv": cv, "threshold": th.saturation_norm, "cv_threshold": th.saturation_cv})

@@ -142,3 +142,23 @@ def test_huge_finite_gradients_explode_and_nan_is_counted():
     (explode, nan) = dbg.events
     assert (explode.to_state, explode.metadata["grad_norm"]) == ("EXPLODING", pytest.approx(1e25, rel=1e-6))
     assert (nan.step, nan.to_state, nan.metadata["nonfinite_count"]) == (3, "NON_FINITE", 1)
+
+
+class Reordered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.late = nn.Linear(8, 1)        # registered first, runs last
+        self.early = nn.Linear(4, 8)
+
+    def forward(self, x):
+        return self.late(torch.relu(self.early(x)))
+
+
+def test_execution_order_is_recorded_from_the_forward_pass():
+    model = Reordered()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with NeuralDbg(model, opt, console=False) as dbg:
+        train(model, opt, torch.randn(64, 4), torch.randn(64, 1), steps=2)
+    assert [l.name for l in dbg.layers] == ["late", "early"]
+    assert dbg.execution_order == ["early", "late"]
+    assert read_run_info(dbg.journal_path)["execution_order"] == ["early", "late"]
