@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .delivery import delivery_summary, prepare_sink
+from .distributed import EventRelay
 from .classify import Baseline, NormWindow, classify_activation, classify_gradient
 from .config import ConfigError, Thresholds, WatchConfig, thresholds_from
 from .events import EventType, SemanticEvent
@@ -48,7 +49,7 @@ class NeuralDbg:
                  sinks: Iterable[Any] = (), journal: bool | str | os.PathLike | JsonlSink = True,
                  console: bool = True, config: WatchConfig | None = None,
                  thresholds: Thresholds | Mapping[str, Any] | None = None, run_id: str | None = None,
-                 enabled: bool = True, **settings: Any) -> None:
+                 enabled: bool = True, distributed: Any = None, **settings: Any) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if _is_compiled(model):
@@ -64,6 +65,11 @@ class NeuralDbg:
             raise ConfigError(f"unknown setting(s) {sorted(unknown)}; allowed: "
                               f"{sorted(WatchConfig.__dataclass_fields__)}")
         self.config = replace(cfg, **settings) if settings else cfg
+        # Under DDP (see distributed.py) rank 0 writes; other ranks judge their activations and relay the events.
+        self._relay = EventRelay.resolve(distributed, model, self.config.gradients) if enabled else None
+        if self._relay is not None and not self._relay.is_writer:
+            journal, console, sinks = False, False, ()
+            self.config = replace(self.config, gradients=False)  # all-reduced: rank 0 judges them once
         self.model, self.optimizer, self.enabled = model, optimizer, enabled
         self.layers: list[Layer] = select_layers(model, self.config) if enabled else []
         self.journal = self._make_journal(journal, run_id) if enabled else None
@@ -74,6 +80,7 @@ class NeuralDbg:
             self.sinks.add(prepare_sink(sink, self.journal))
         self.step_count = 0
         self.observed_steps = 0
+        self.execution_order: list[str] = []  # layer names in the order the first observed forward ran them
         self.dropped_events = 0
         self._events: deque[SemanticEvent] = deque(maxlen=self.config.max_events)
         self._detector = TransitionDetector(self.config.thresholds.patience)
@@ -141,6 +148,8 @@ class NeuralDbg:
         self._open = False
         self._hooks.remove()
         self._buffer.clear()
+        for event in self._relay.finish(status == "completed") if self._relay is not None else ():
+            self._record(event)
         if _ATTACHED.get(self.model) is self:
             del _ATTACHED[self.model]
         self.sinks.flush()
@@ -150,6 +159,7 @@ class NeuralDbg:
             self.sinks._call(sink, "close")
         if self.journal is not None:
             self.journal.close({"status": status, "steps": self.step_count, "dropped_events": self.dropped_events,
+                                "execution_order": self.execution_order,
                                 "sink_failures": dict(self.sinks.failures),
                                 "delivery": delivery_summary(self.sinks.sinks)})
 
@@ -177,12 +187,19 @@ class NeuralDbg:
         return out
 
     # ---- stepping -----------------------------------------------------------------------------
-    def step(self) -> None:
-        """Mark the end of a training step when no optimizer was given."""
+    def step(self, step: int | None = None) -> None:
+        """Mark the end of a training step when no optimizer was given: observe it (the gradients as
+        they are now, the activations of its last training forward) and count it. ``step`` numbers it
+        when the loop counts its own steps (a framework's global step); by default steps count from 0."""
         if self.optimizer is not None:
             raise RuntimeError("steps are counted from the optimizer given to NeuralDbg; do not call dbg.step()")
         if not self._open:
             raise RuntimeError("dbg.step() outside the NeuralDbg context: use `with NeuralDbg(model) as dbg:`")
+        if step is not None and step != self.step_count:
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise ValueError(f"dbg.step(step={step!r}); expected an integer >= 0 (the training step number)")
+            self.step_count = step  # a loop that resumed or skipped numbers: judge every_n_steps on its count
+            self._gate.observing = step % self.config.every_n_steps == 0
         self._before_step()
         self._after_step()
 
@@ -203,6 +220,8 @@ class NeuralDbg:
             if grads:
                 groups.append((layer.index, grads))
         acts, grads = self._buffer.gather(groups)
+        if acts and not self.execution_order:  # hooks fire in forward order: the model's real layer order
+            self.execution_order = [self.layers[i].name for i in acts]
         th = self.config.thresholds
         by_index = dict(groups)
         for index, stats in grads.items():
@@ -219,10 +238,14 @@ class NeuralDbg:
             verdict = classify_activation(stats, self._detector.state(ACT, layer.name), th, baseline)
             baseline.update(stats.rms, anomalous=verdict.state == "ANOMALOUS")
             self._record(self._detector.observe(ACT, layer.name, step, verdict))
+        for event in self._relay.exchange() if self._relay is not None else ():  # same calls on every rank
+            self._record(event)
 
     def _record(self, event: SemanticEvent | None) -> None:
         if event is None:
             return
+        if self._relay is not None:  # stamps metadata["rank"]; off rank 0, holds it for the next exchange
+            event = self._relay.outgoing(event)
         if len(self._events) == self._events.maxlen:
             self.dropped_events += 1
         self._events.append(event)
