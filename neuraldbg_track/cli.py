@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--limit", type=int, default=200, metavar="N", help="events listed (0: all; default 200)")
     cmp = sub.add_parser("compare", parents=[common], help="runs side by side and a verdict")
     cmp.add_argument("runs", metavar="RUN", nargs="+")
-    cmp.add_argument("--diff-only", action="store_true", help="list only onsets that differ between runs")
+    cmp.add_argument("--diff-only", action="store_true", help="list only onsets and final states that differ")
     return parser
 
 
@@ -71,12 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
              else _render_compare(console, result, args.diff_only))
             if plot:
                 console.print(f"picture: {plot}")
-    except (TimelineError, CliError) as exc:
+    except (TimelineError, CliError, ImportError) as exc:  # ImportError: a missing extra, named in the message
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
-    except ImportError as exc:  # an optional extra is missing; the message names it
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+    except BrokenPipeError:  # `neuraldbg-track show RUN | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0
 
 
@@ -132,7 +132,8 @@ def _render_show(console: Any, result: Comparison, limit: int) -> None:
                    "transition", "conf", "statistic")
     for e in shown:
         key = key_statistic(e)
-        stat = f"{key[0]}={key[1]:.3g}" if key and isinstance(key[1], float) else (f"{key[0]}={key[1]}" if key else "")
+        value = "" if key is None else f"{key[1]:.3g}" if isinstance(key[1], float) else str(key[1])
+        stat = f"{key[0]}={value}" if key else ""
         table.add_row(str(e.step), str(onset(e)), e.layer_name, e.event_type,
                       f"{e.from_state} → {_state(e.event_type, e.to_state)}", f"{e.confidence:.2f}", stat)
     console.print(table)
@@ -153,9 +154,10 @@ def _few(items: Sequence[str], limit: int = 4) -> str:
     return ", ".join(items[:limit]) + (f", … (+{len(items) - limit})" if len(items) > limit else "")
 
 
-def _render_finals(console: Any, result: Comparison) -> None:
+def _render_finals(console: Any, result: Comparison, diff_only: bool = False) -> None:
     eventful = {e.layer_name for t in result.timelines for e in t.events}
-    shown = [layer for layer in result.layers if layer in eventful]
+    differing = {f.layer for f in result.finals if f.differs}
+    shown = [layer for layer in result.layers if layer in (differing if diff_only else eventful)]
     states = {(f.layer, f.event_type): f.states for f in result.finals}
     if shown:
         single = len(result.labels) == 1
@@ -173,8 +175,11 @@ def _render_finals(console: Any, result: Comparison) -> None:
             table.add_row(layer, *cells)
         console.print(table)
     quiet = len(result.layers) - len(shown)
-    note = f"{quiet} other layer(s): no events, healthy/normal throughout. " if quiet else ""
-    console.print(f"[dim]{note}A dim state is implied: that layer has no event of that kind.[/]")
+    if quiet:
+        what = "end in the same state in every run" if diff_only else "no events, healthy/normal throughout"
+        console.print(f"[dim]{quiet} other layer(s): {what}[/]")
+    if shown and console.is_terminal:
+        console.print("[dim]A dim state is implied: the layer has no event of that kind.[/]")
 
 
 def _render_compare(console: Any, result: Comparison, diff_only: bool) -> None:
@@ -195,7 +200,7 @@ def _render_compare(console: Any, result: Comparison, diff_only: bool) -> None:
         console.print(f"[dim]{len(result.onsets) - len(rows)} identical onsets not listed[/]")
     if not result.onsets:
         console.print("[dim]no failure in any run[/]")
-    _render_finals(console, result)
+    _render_finals(console, result, diff_only)
     console.print(f"\n[bold]Verdict:[/] {result.verdict}")
 
 

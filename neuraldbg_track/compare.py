@@ -164,7 +164,7 @@ def _verdict(timelines: Sequence[Timeline], labels: Sequence[str], rows: Sequenc
     parts += _shift_sentences(rows, run)
     parts += _only_sentences([r for r in rows if r.status == "only_in" and (r.event_type, r.state) not in covered],
                              run)
-    parts += _final_sentences(finals, run)
+    parts += _final_sentences(finals, rows, run)
     parts += _layer_set_sentences(timelines, run)
     if not parts:
         parts = [f"{_names(run)} show the same failures at the same steps and end in the same states"]
@@ -231,10 +231,11 @@ def _only_sentences(rows: Sequence[OnsetRow], run: Sequence[str]) -> list[str]:
     return out
 
 
-def _final_sentences(finals: Sequence[FinalRow], run: Sequence[str]) -> list[str]:
+def _final_sentences(finals: Sequence[FinalRow], rows: Sequence[OnsetRow], run: Sequence[str]) -> list[str]:
+    only = {(r.layer, r.event_type, r.state): r for r in rows if r.status == "only_in"}
     groups: dict[tuple, list[str]] = {}
     for f in finals:
-        if f.differs:
+        if f.differs and not _implied(f, only):
             groups.setdefault((f.event_type, f.states), []).append(f.layer)
     out = []
     for (event_type, states), layers in list(groups.items())[:MAX_GROUPS]:
@@ -245,6 +246,18 @@ def _final_sentences(finals: Sequence[FinalRow], run: Sequence[str]) -> list[str
     if rest:
         out.append(f"{rest} more final state{'s' if rest > 1 else ''} differ")
     return out
+
+
+def _implied(f: FinalRow, only: dict[tuple, OnsetRow]) -> bool:
+    """True when the final states differ just because a failure happened in some runs only and
+    lasted to the end there (the "only in" sentence already says so)."""
+    failing = {s for s in f.states if is_failure_state(f.event_type, s)}
+    if len(failing) != 1:
+        return False
+    state = failing.pop()
+    row = only.get((f.layer, f.event_type, state))
+    return row is not None and all((s == state) == (o is not None) for s, o in zip(f.states, row.onsets)
+                                   if s is not None)
 
 
 def _layer_set_sentences(timelines: Sequence[Timeline], run: Sequence[str]) -> list[str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -56,7 +57,8 @@ def load_timeline(spec: str | os.PathLike, *, tracking_uri: str | None = None) -
     if not runs:
         raise TimelineError(f"{path}: no neuraldbg run found under it; expected {_SPECS}")
     if len(runs) > 1:
-        listed = "; ".join(f"{kind} {p}" for kind, p in runs[:10]) + (f"; … {len(runs) - 10} more" if len(runs) > 10 else "")
+        listed = "; ".join(f"{kind} {p}" for kind, p in runs[:10])
+        listed += f"; … {len(runs) - 10} more" if len(runs) > 10 else ""
         raise TimelineError(f"{path} holds {len(runs)} runs ({listed}); pass one of them")
     kind, found = runs[0]
     return {"journal": load_journal, "tensorboard": load_tensorboard, "wandb": load_wandb_offline}[kind](found)
@@ -140,17 +142,21 @@ def _table_events(rows: Iterable[dict[str, Any]], where: str) -> list[SemanticEv
     events = []
     for number, row in enumerate(rows, 1):
         try:
+            metadata = json.loads(row.get("metadata") or "{}")
             events.append(SemanticEvent(event_type=row["event_type"], layer_name=str(row["layer"]),
                                         step=row["step"], from_state=row["from_state"], to_state=row["to_state"],
-                                        confidence=row["confidence"], metadata=json.loads(row.get("metadata") or "{}")))
+                                        confidence=row["confidence"], metadata=metadata))
         except (ValueError, TypeError, KeyError) as exc:
             raise TimelineError(f"{where}: timeline table row {number}: not a valid event ({exc})") from None
     return _unique(events)
 
 
-def _dropped_note(summary: dict[str, Any], key: str) -> dict[str, Any]:
-    prefix = key.rsplit("/", 1)[0]
-    dropped = summary.get(f"{prefix}/timeline_rows_dropped") or 0
+def _dropped_note(summary: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """A W&B table keeps 10,000 rows: say so when the run had more events (the journal has them all)."""
+    dropped = summary.get(f"{key.rsplit('/', 1)[0]}/timeline_rows_dropped") or 0
+    if dropped:
+        warnings.warn(f"{where}: the W&B timeline table lacks the run's last {dropped} events "
+                      "(a table keeps 10,000 rows); the run's JSONL journal has them all", stacklevel=3)
     return {"timeline_rows_dropped": dropped} if dropped else {}
 
 
@@ -168,7 +174,7 @@ def load_wandb_offline(path: str | os.PathLike) -> Timeline:
         raise TimelineError(f'{path}: reading W&B runs needs pip install "neuraldbg-track[wandb]"') from None
     run_id = run.path.stem[len("run-"):] if run.path.stem.startswith("run-") else run.path.stem
     return Timeline.build(run_id, f"wandb-offline:{run.path.parent}", _table_events(rows, str(run.path)),
-                          info={"table": key, **_dropped_note(run.summary, key)})
+                          info={"table": key, **_dropped_note(run.summary, key, str(run.path))})
 
 
 def load_wandb_api(path: str) -> Timeline:
@@ -183,21 +189,24 @@ def load_wandb_api(path: str) -> Timeline:
         raise TimelineError(f'{where}: reading W&B runs needs pip install "neuraldbg-track[wandb]"') from None
     try:
         run = wandb.Api().run(path)
-        key = _table_key(run.summary.keys(), where)
-        refs = [row[key] for row in run.scan_history(keys=[key]) if isinstance(row.get(key), dict)]
-        if not refs or "path" not in refs[-1]:
+        summary = dict(run.summary_metrics)
+        key = _table_key(summary, where)
+        ref = summary.get(key)  # the summary keeps the last table logged; else look through the history
+        if not (isinstance(ref, dict) and "path" in ref):
+            refs = [row[key] for row in run.scan_history(keys=[key]) if isinstance(row.get(key), dict)]
+            ref = refs[-1] if refs and "path" in refs[-1] else None
+        if ref is None:
             raise TimelineError(f"{where}: {key} holds no table file")
         with tempfile.TemporaryDirectory() as tmp:
-            run.file(refs[-1]["path"]).download(root=tmp, replace=True)
-            doc = json.loads((Path(tmp) / refs[-1]["path"]).read_text(encoding="utf-8"))
+            run.file(ref["path"]).download(root=tmp, replace=True)
+            doc = json.loads((Path(tmp) / ref["path"]).read_text(encoding="utf-8"))
     except TimelineError:
         raise
     except Exception as exc:  # wandb.errors.CommError and friends: name the run, no traceback
         raise TimelineError(f"{where}: {type(exc).__name__}: {exc}") from None
     rows = [dict(zip(doc["columns"], row)) for row in doc["data"]]
-    return Timeline.build(run.name or run.id, where, _table_events(rows, where),
-                          info={"table": key, "url": getattr(run, "url", None),
-                                **_dropped_note(dict(run.summary), key)})
+    info = {"table": key, "url": getattr(run, "url", None), **_dropped_note(summary, key, where)}
+    return Timeline.build(run.name or run.id, where, _table_events(rows, where), info=info)
 
 
 # ---- MLflow ------------------------------------------------------------------------------------

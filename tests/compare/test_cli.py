@@ -17,11 +17,13 @@ from neuraldbg_track.timeline import Timeline
 from tests.compare.runs import SHIFT
 
 SCRIPT = Path(sys.executable).parent / "neuraldbg-track"  # the installed console script
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "160"}  # this checkout, even before a re-install
 
 
 def cli(*args, script=False):
     cmd = [str(SCRIPT)] if script else [sys.executable, "-m", "neuraldbg_track.cli"]
-    env = {**os.environ, "COLUMNS": "160"}
+    env = ENV
     return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -36,7 +38,7 @@ def png_size(path):
     return struct.unpack(">II", data[16:24])
 
 
-def test_compare_prints_the_shift_writes_the_picture_and_json_matches_the_api(journals, tmp_path):
+def test_compare_prints_the_shift_writes_the_picture_and_json_matches_the_api(journals, tmp_path, capsys):
     picture = tmp_path / "out" / "cmp.png"
     done = cli("compare", journals["early"], journals["late"], "--plot", picture, script=True)
     assert done.returncode == 0, done.stderr
@@ -46,23 +48,22 @@ def test_compare_prints_the_shift_writes_the_picture_and_json_matches_the_api(jo
     width, height = png_size(picture)
     assert width == 1100 and 400 < height < 3000 and picture.stat().st_size > 10_000
 
-    done = cli("compare", journals["early"], journals["late"], "--json")
-    assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
+    assert main(["compare", str(journals["early"]), str(journals["late"]), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
     expected = compare([load_timeline(journals["early"]), load_timeline(journals["late"])]).to_dict()
     assert doc == json.loads(json.dumps({**expected, "plot": None}))
     assert doc["onsets"][0]["shift_vs_A"] == {"A": 0, "B": SHIFT}
 
 
-def test_show_lists_events_first_failures_and_final_states(journals):
+def test_show_lists_events_first_failures_and_final_states(journals, capsys):
     done = cli("show", journals["late"])
     assert done.returncode == 0, done.stderr
     out = flat(done.stdout)
     assert "First failure per kind" in out and "Final state per layer" in out
     assert f"gradient VANISHING {SHIFT} 0, 2, 4, 6 4: 0, 2, 4, 6" in out
     assert f"Summary: Run late: gradient VANISHING from step {SHIFT} (4 layers, first 0)" in out
-    done = cli("show", journals["late"], "--json")
-    doc = json.loads(done.stdout)
+    assert main(["show", str(journals["late"]), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
     assert doc["run"]["first_failures"]["activation SATURATED"] == {"step": SHIFT, "first_layers": ["7"],
                                                                     "layers": ["7"]}
     assert doc["final_states"]["7"] == {"gradient_health": "HEALTHY", "activation_regime": "SATURATED"}
@@ -109,6 +110,6 @@ def test_the_picture_scales_with_the_number_of_layers(tmp_path):
                   for i, name in enumerate(names[: n // 2])]
         return Timeline.build("t", "test", events, layers=names, steps=400)
 
-    sizes = {n: png_size(plot_timelines([timeline(n), timeline(n)], tmp_path / f"{n}.png")) for n in (9, 60, 400)}
-    assert sizes[9][1] < sizes[60][1] < sizes[400][1] <= 2 * 12 * 100 + 200  # rows grow, then a panel is capped
+    sizes = {n: png_size(plot_timelines([timeline(n), timeline(n)], tmp_path / f"{n}.png")) for n in (9, 60, 150)}
+    assert sizes[9][1] < sizes[60][1] < sizes[150][1] <= 2 * 12 * 100 + 200  # rows grow, then a panel is capped
     assert all(w == 1100 for w, _ in sizes.values())

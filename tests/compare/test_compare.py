@@ -37,9 +37,11 @@ def test_two_real_runs_differ_by_the_known_shift(journals):
 
 
 def test_failure_in_one_run_only_different_lengths_and_layer_sets():
-    a = Timeline.build("a", "t", [ev("fc1", 10, "VANISHING"), ev("fc3", 102, "VANISHING"), ev("fc2", 814, "EXPLODING")],
+    a = Timeline.build("a", "t", [ev("fc1", 10, "VANISHING"), ev("fc3", 102, "VANISHING"),
+                                  ev("fc2", 814, "EXPLODING")],
                        layers=["fc1", "fc2", "fc3"], steps=1000)
-    b = Timeline.build("b", "t", [ev("fc1", 10, "VANISHING"), ev("fc3", 522, "VANISHING")],
+    b = Timeline.build("b", "t", [ev("fc1", 10, "VANISHING"), ev("fc1", 52, "HEALTHY", frm="VANISHING"),
+                                  ev("fc3", 522, "VANISHING")],
                        layers=["fc1", "fc2", "fc3", "fc4"], steps=500)
     result = compare([a, b])
     assert result.layers == ("fc1", "fc2", "fc3", "fc4")
@@ -48,19 +50,22 @@ def test_failure_in_one_run_only_different_lengths_and_layer_sets():
         ("fc3", "VANISHING", (100, 520), "shifted")]
     assert "run A explodes at step 812 (layer fc2), run B never does (run B stops at step 499)" in result.verdict
     assert "run B's layer fc3 vanishes 420 steps later than run A's" in result.verdict
-    assert "at the end layer fc2 is EXPLODING in run A but HEALTHY in run B" in result.verdict
+    assert "at the end layer fc1 is VANISHING in run A but HEALTHY in run B" in result.verdict  # B recovered
+    assert "at the end layer fc2" not in result.verdict  # implied: it exploded in run A only
     assert "run B has 1 layer the others lack (fc4)" in result.verdict
     finals = {(f.layer, f.event_type): f.states for f in result.finals}
     assert finals[("fc4", "gradient_health")] == (None, "HEALTHY")  # not in run A at all
 
 
 def test_empty_runs_and_identical_runs():
-    a = Timeline.build("a", "t", [ev("fc1", 10, "DEAD", frm="NORMAL", et="activation_regime")], layers=["fc1"], steps=50)
+    a = Timeline.build("a", "t", [ev("fc1", 10, "DEAD", frm="NORMAL", et="activation_regime")], layers=["fc1"],
+                       steps=50)
     empty = Timeline.build("e", "t", [], layers=["fc1"], steps=50)
     result = compare([a, empty])
     assert [r.status for r in result.onsets] == ["only_in"]
     assert result.verdict.startswith("Run B logged no events; run A dies at step 8 (layer fc1), run B never does")
-    assert compare([a, a]).verdict == "Run A and run B show the same failures at the same steps and end in the same states."
+    assert compare([a, a]).verdict == ("Run A and run B show the same failures at the same steps and end in the "
+                                       "same states.")
     assert compare([empty, empty]).onsets == ()
     assert compare([empty]).verdict == "Run e logged no events in 50 steps."
     with pytest.raises(ValueError, match="at least one"):
@@ -68,7 +73,8 @@ def test_empty_runs_and_identical_runs():
 
 
 def test_three_runs_are_measured_against_the_first():
-    runs = [Timeline.build(n, "t", [ev("x", s, "VANISHING")], layers=["x"]) for n, s in (("a", 10), ("b", 30), ("c", 5))]
+    runs = [Timeline.build(n, "t", [ev("x", s, "VANISHING")], layers=["x"])
+            for n, s in (("a", 10), ("b", 30), ("c", 5))]
     result = compare(runs)
     assert result.labels == ("A", "B", "C") and result.onsets[0].shifts() == (0, 20, -5)
     assert result.verdict == ("Run B's layer x vanishes 20 steps later than run A's; "

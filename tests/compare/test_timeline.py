@@ -1,6 +1,7 @@
 """Timelines from journals: every way to name a run, layer order, and the errors a user can cause."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,8 @@ from tests.compare.runs import LAYERS, SHIFT, VANISHING
 
 
 def ev(layer, step, to, frm="HEALTHY", et="gradient_health", onset_step=None):
-    return SemanticEvent(et, layer, step, frm, to, 0.8, {"onset_step": step - 2 if onset_step is None else onset_step})
+    metadata = {"onset_step": step - 2 if onset_step is None else onset_step}
+    return SemanticEvent(et, layer, step, frm, to, 0.8, metadata)
 
 
 def test_a_journal_loads_the_same_from_its_file_its_run_dir_and_a_parent(journals):
@@ -93,7 +95,51 @@ def test_tracker_layer_order_is_rebuilt_from_the_order_events_were_emitted():
     t = Timeline.build("t", "test", events[2:] + events[:2])  # out of step order: sorted, stable within a step
     assert [(e.step, e.layer_name) for e in t.events] == [(5, "enc"), (5, "dec"), (9, "dec"), (9, "head")]
     assert t.layers == ("enc", "dec", "head") and not t.layers_known
-    assert onset(t.events[0]) == 3 and onset(SemanticEvent("gradient_health", "x", 4, "HEALTHY", "VANISHING", 1.0)) == 4
+    assert onset(t.events[0]) == 3
+    assert onset(SemanticEvent("gradient_health", "x", 4, "HEALTHY", "VANISHING", 1.0)) == 4  # no onset_step
     assert t.last_step == 9 and t.final_states() == {"enc": {"gradient_health": "VANISHING"},
                                                       "dec": {"gradient_health": "HEALTHY"},
                                                       "head": {"gradient_health": "EXPLODING"}}
+
+
+def test_an_online_wandb_run_is_read_through_the_public_api(monkeypatch):
+    # No network here: a stand-in for wandb.Api() with the shape the public API documents (run.summary_metrics,
+    # run.file(path).download(root=...)), serving a table as WandbSink logs it.
+    wandb = pytest.importorskip("wandb")
+    from neuraldbg_track.integrations.wandb import COLUMNS
+    event = ev("blocks.0.fc", 12, "VANISHING")
+    row = {"step": 12, "layer": "blocks.0.fc", "layer_index": 0, "event_type": "gradient_health",
+           "from_state": "HEALTHY", "to_state": "VANISHING", "state_code": 3, "confidence": 0.8, "failure": True,
+           "statistic": "", "value": None, "metadata": json.dumps(dict(event.metadata))}
+    table_path = "media/table/neuraldbg/timeline_table_1_abc.table.json"
+    asked = []
+
+    class File:
+        def download(self, root, replace):
+            target = Path(root) / table_path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps({"columns": COLUMNS, "data": [[row[c] for c in COLUMNS]]}))
+
+    class Run:
+        name, id, url = "lr-0.1", "abc123", "https://wandb.ai/me/proj/runs/abc123"
+        summary_metrics = {"neuraldbg/timeline_table": {"_type": "table-file", "path": table_path},
+                           "neuraldbg/timeline_rows_dropped": 3}
+
+        def file(self, path):
+            asked.append(path)
+            return File()
+
+    class Api:
+        def run(self, path):
+            if path != "me/proj/abc123":
+                raise ValueError(f"Could not find run {path}")
+            return Run()
+
+    monkeypatch.setattr(wandb, "Api", Api)
+    with pytest.warns(UserWarning, match="table lacks the run's last 3 events"):
+        t = load_timeline("wandb:me/proj/abc123")
+    assert t.info["timeline_rows_dropped"] == 3
+    assert t.name == "lr-0.1" and t.source == "wandb:me/proj/abc123" and asked == [table_path]
+    assert [e.to_dict() for e in t.events] == [event.to_dict()]
+    with pytest.raises(TimelineError, match=r"wandb:me/proj/nope: ValueError: Could not find run me/proj/nope"):
+        load_timeline("wandb:me/proj/nope")

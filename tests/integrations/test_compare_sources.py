@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -20,6 +21,7 @@ from tests.compare.runs import LAYERS, SHIFT, saturating_run
 from tests.integrations.trackers import offline_wandb, run_dir
 
 EXPERIMENT = "compare-sources"
+ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}  # this checkout
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,7 @@ def test_cli_compares_an_mlflow_run_with_a_wandb_run(tracked, mlflow_store, tmp_
     picture = tmp_path / "mixed.png"
     cmd = [sys.executable, "-m", "neuraldbg_track.cli", "compare", tracked["early"]["mlflow_name"],
            str(tracked["late"]["wandb_run"]), "--tracking-uri", mlflow_store.uri, "--json", "--plot", str(picture)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ})
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ENV)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert [r["source"].split(":")[0] for r in doc["runs"]] == ["mlflow", "wandb-offline"]
@@ -83,7 +85,7 @@ def test_cli_compares_an_mlflow_run_with_a_wandb_run(tracked, mlflow_store, tmp_
 def test_mlflow_mistakes_name_the_source(tracked, mlflow_store, tmp_path):
     cmd = [sys.executable, "-m", "neuraldbg_track.cli", "show", "mlflow:0123456789abcdef",
            "--tracking-uri", mlflow_store.uri]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ENV)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("neuraldbg-track: error: mlflow:0123456789abcdef: ")
     assert len(done.stderr.strip().splitlines()) == 1
