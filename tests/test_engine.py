@@ -1,5 +1,4 @@
 """Stepping, the journal, bounded memory and sink isolation, through real training."""
-import json
 import warnings
 
 import pytest

@@ -3,7 +3,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuraldbg_track.classify import NormWindow, Verdict, classify_gradient
+from neuraldbg_track.classify import NormWindow, classify_gradient
 from neuraldbg_track.config import Thresholds
 from neuraldbg_track.stats import GradientStats
 from neuraldbg_track.transitions import TransitionDetector, confidence
