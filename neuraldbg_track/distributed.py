@@ -43,11 +43,10 @@ def process_group_active(group: Any = None) -> bool:
 
 
 def has_sharded_parameters(model: torch.nn.Module) -> bool:
-    """True when some parameter of ``model`` is a shard (FSDP ``FlatParameter``, a DTensor)."""
-    for p in model.parameters():
-        if any(c.__name__ in SHARDED_PARAMETERS for c in type(p).__mro__):
-            return True
-    return False
+    """True when ``model`` holds sharded parameters: an FSDP (1) wrapper, a ``FlatParameter`` or a DTensor."""
+    if any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules()):
+        return True  # also with use_orig_params=True, whose parameters are plain views of the shards
+    return any(c.__name__ in SHARDED_PARAMETERS for p in model.parameters() for c in type(p).__mro__)
 
 
 def _collective_device(group: Any) -> torch.device:
