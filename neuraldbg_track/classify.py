@@ -130,15 +130,16 @@ class Baseline:
 def classify_activation(stats: ActivationStats, current: str, th: Thresholds,
                         baseline: Baseline) -> Verdict:
     """non-finite -> ANOMALOUS; then DEAD > SATURATED > ANOMALOUS (shift) > NORMAL."""
-    evidence: dict[str, Any] = {"rms": stats.rms, "mean": stats.mean, "std": stats.std,
-                                "dead_fraction": stats.dead_fraction}
+    evidence: dict[str, Any] = {"rms": stats.rms, "mean": stats.mean, "std": stats.std}
+    if stats.dead_fraction is not None:
+        evidence["dead_fraction"] = stats.dead_fraction
     if stats.saturated_fraction is not None:
         evidence["saturated_fraction"] = stats.saturated_fraction
     if not stats.finite:
         return Verdict(A.ANOMALOUS.value, math.inf, {**evidence, "nonfinite": True})
     keep = 1 - th.hysteresis / 2
     dead_at = th.dead_fraction * keep if current == A.DEAD.value else th.dead_fraction
-    if stats.dead_fraction >= dead_at:
+    if stats.dead_fraction is not None and stats.dead_fraction >= dead_at:
         return Verdict(A.DEAD.value, _fraction_margin(stats.dead_fraction, th.dead_fraction),
                        {**evidence, "threshold": th.dead_fraction, "applied_threshold": dead_at}, FRACTION_SCALE)
     if stats.saturated_fraction is not None:
@@ -155,8 +156,8 @@ def classify_activation(stats: ActivationStats, current: str, th: Thresholds,
             return Verdict(A.ANOMALOUS.value, shift - th.anomaly_decades,
                            {**evidence, "threshold": th.anomaly_decades})
         return Verdict(A.NORMAL.value, th.anomaly_decades - shift, evidence)
-    return Verdict(A.NORMAL.value, (th.dead_fraction - stats.dead_fraction) / th.dead_fraction, evidence,
-                   FRACTION_SCALE)
+    dead = stats.dead_fraction or 0.0
+    return Verdict(A.NORMAL.value, (th.dead_fraction - dead) / th.dead_fraction, evidence, FRACTION_SCALE)
 
 
 def _fraction_margin(value: float, threshold: float) -> float:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .config import ConfigError, WatchConfig
-from .stats import CHANNEL_FIRST, NONNEGATIVE, PASS_THROUGH, Probe, StepBuffer, first_tensor, output_bounds, sample_activation
+from .stats import AFFINE, CHANNEL_FIRST, NONNEGATIVE, PASS_THROUGH, Probe, StepBuffer, first_tensor, output_bounds, sample_activation
 
 ROOT_NAME = "<root>"
 
@@ -63,7 +63,8 @@ def select_layers(model: nn.Module, cfg: WatchConfig) -> list[Layer]:
         probe = None
         if cfg.activations and is_leaf and not isinstance(module, PASS_THROUGH):
             probe = Probe(len(layers), isinstance(module, CHANNEL_FIRST), output_bounds(module),
-                          cfg.thresholds.saturation_tolerance, isinstance(module, NONNEGATIVE))
+                          cfg.thresholds.saturation_tolerance, isinstance(module, NONNEGATIVE),
+                          dead_units=not isinstance(module, AFFINE))
         if probe is not None or params:
             layers.append(Layer(len(layers), name, module, probe, tuple(params)))
     return layers

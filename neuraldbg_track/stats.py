@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -31,6 +32,11 @@ PASS_THROUGH = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3
                 nn.Flatten, nn.Unflatten)
 # Modules whose outputs are never negative, so the per-unit peak needs no abs().
 NONNEGATIVE = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softplus, nn.Softmax)
+# Affine and normalising layers: an exactly-zero output unit there means zero weights, not a dead
+# unit, so their outputs are not scanned for dead units (one kernel less per hook).
+AFFINE = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.EmbeddingBag,
+          nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", nn.LayerNorm),
+          nn.modules.rnn.RNNBase)
 # Modules whose dim 1 is the channel (unit) axis even for 3-D outputs.
 CHANNEL_FIRST = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm,
                  nn.modules.instancenorm._InstanceNorm, nn.GroupNorm)
@@ -71,6 +77,7 @@ class Probe:
     bounds: tuple[float, float] | None
     tolerance: float
     nonnegative: bool = False  # outputs are >= 0 (ReLU family, sigmoid): max == 0 means dead
+    dead_units: bool = True    # judge dead units (not on affine/normalising layers: see AFFINE)
 
 
 @dataclass
@@ -79,25 +86,27 @@ class ActivationSample:
 
     total: torch.Tensor            # () sum of the outputs
     norm: torch.Tensor             # () L2 norm of the outputs
-    unit_peak: torch.Tensor        # (units,) max |output| per unit: 0 means the unit never fired
+    unit_peak: torch.Tensor | None  # (units,) max |output| per unit: 0 means the unit never fired
     saturated: torch.Tensor | None  # () outputs at the bounds
     numel: int
 
 
-@torch.no_grad()
 def sample_activation(probe: Probe, y: torch.Tensor) -> ActivationSample:
     """Reduce one output on its device with a few cheap kernels (sum, norm, amax; no Welford
-    ``std_mean``, which costs ~30x more on CPU). Shapes are static, so this adds no graph break."""
+    ``std_mean``, which costs ~30x more on CPU). Shapes are static, so this adds no graph break.
+    No ``no_grad`` needed: everything derives from ``y.detach()``, which autograd does not track."""
     x = y.detach()
     if x.dtype != torch.float32 and x.dtype != torch.float64:
         x = x.float()
     ndim = x.dim()
-    magnitude = x if probe.nonnegative else x.abs()
-    if ndim <= 1:
-        peak = magnitude.reshape(-1)
-    else:
-        unit = 1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1
-        peak = magnitude.amax(dim=tuple(d for d in range(ndim) if d != unit))
+    peak = None
+    if probe.dead_units:
+        magnitude = x if probe.nonnegative else x.abs()
+        if ndim <= 1:
+            peak = magnitude.reshape(-1)
+        else:
+            unit = 1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1
+            peak = magnitude.amax(dim=tuple(d for d in range(ndim) if d != unit))
     saturated = None
     if probe.bounds is not None:
         low, high = probe.bounds
@@ -112,7 +121,7 @@ class ActivationStats:
     mean: float
     std: float
     rms: float
-    dead_fraction: float
+    dead_fraction: float | None  # None where dead units are not judged (affine layers)
     saturated_fraction: float | None
     units: int
 
@@ -202,10 +211,10 @@ def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dic
     if act_items:
         parts.append(torch.stack([t for _, s in act_items for t in (s.total, s.norm)]).float())
         # dead units per layer: units whose peak is 0, counted for all layers with one cumsum.
-        lengths = [s.unit_peak.numel() for _, s in act_items]
-        dead_cum = torch.cat([s.unit_peak.float() for _, s in act_items]).eq(0).cumsum(0)
-        ends = torch.tensor([sum(lengths[: k + 1]) - 1 for k in range(len(lengths))], device=device)
-        parts.append(dead_cum[ends].float())
+        peaks = [s.unit_peak for _, s in act_items if s.unit_peak is not None]
+        if peaks:
+            ends = torch.tensor(list(accumulate(p.numel() for p in peaks)), device=device) - 1
+            parts.append(torch.cat(peaks).float().eq(0).cumsum(0)[ends].float())
         sat = [s.saturated for _, s in act_items if s.saturated is not None]
         if sat:
             parts.append(torch.stack(sat).float())
@@ -219,21 +228,24 @@ def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dic
     pos = 0
     if act_items:
         n = len(act_items)
-        sums, dead_cum_ends = host[: 2 * n], host[2 * n: 3 * n]
-        pos = 3 * n
+        dead_pos = 2 * n                                   # layout: sums | dead counts | saturated | grads
+        sat_pos = dead_pos + sum(s.unit_peak is not None for _, s in act_items)
+        pos = sat_pos + sum(s.saturated is not None for _, s in act_items)
         previous = 0.0
         for k, (index, sample) in enumerate(act_items):
             count = max(sample.numel, 1)
-            mean, rms = sums[2 * k] / count, sums[2 * k + 1] / math.sqrt(count)
+            mean, rms = host[2 * k] / count, host[2 * k + 1] / math.sqrt(count)
             std = math.sqrt(max(rms * rms - mean * mean, 0.0)) if math.isfinite(rms) else math.nan
-            units = sample.unit_peak.numel()
-            dead = dead_cum_ends[k] - previous
-            previous = dead_cum_ends[k]
-            saturated = None
+            dead_fraction, units, saturated = None, 0, None
+            if sample.unit_peak is not None:             # cumulative dead counts: difference them
+                units = sample.unit_peak.numel()
+                dead_fraction = (host[dead_pos] - previous) / max(units, 1)
+                previous = host[dead_pos]
+                dead_pos += 1
             if sample.saturated is not None:
-                saturated = host[pos] / max(sample.numel, 1)
-                pos += 1
-            acts[index] = ActivationStats(mean, std, rms, dead / max(units, 1), saturated, units)
+                saturated = host[sat_pos] / count
+                sat_pos += 1
+            acts[index] = ActivationStats(mean, std, rms, dead_fraction, saturated, units)
     if grad_items:
         n = len(grad_items)
         for k, (index, gs) in enumerate(grad_items):
