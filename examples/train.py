@@ -2,8 +2,8 @@
 """Demo: a deep sigmoid MLP whose early layers' gradients vanish, watched by neuraldbg-track.
 
 A Hydra app: runs on CPU in a few seconds with the embedded default (JSONL journal + console);
-events are printed as they happen, then a summary says which layers failed, how, when, and where
-the journal is.
+events are printed as they happen, then a summary says which layers failed, how, when, where the
+journal is, and why: the post-mortem's ranked causal hypotheses.
 
     python3 run.py demo                                  # from the repository root (sets itself up)
     python examples/train.py steps=100 depth=16
@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from neuraldbg_track import NeuralDbg
+from neuraldbg_track.postmortem import format_hypotheses
 
 
 class DeepSigmoidNet(nn.Module):
@@ -61,6 +62,8 @@ def run(cfg: DictConfig) -> NeuralDbg:
               f"(confirmed at {first.step}, confidence {first.confidence:.2f})")
     if dbg.journal_path is not None:
         print(f"journal: {dbg.journal_path}")
+    print("why (post-mortem, most likely first):")
+    print(format_hypotheses(dbg.explain(), limit=3))
     return dbg
 
 

@@ -42,6 +42,7 @@ def run_file(path: str | os.PathLike) -> Path:
 
 def iter_records(path: str | os.PathLike) -> Iterator[Any]:
     """Every ``Record`` of the run file, in write order (checksums verified)."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
     p = run_file(path)
@@ -81,7 +82,11 @@ def iter_records(path: str | os.PathLike) -> Iterator[Any]:
             raise OfflineRunError(f"{p}: unknown chunk type {kind} at byte {start - CHUNK.size}")
         if kind in (FULL, LAST):
             record = pb.Record()
-            record.ParseFromString(b"".join(parts))
+            try:
+                record.ParseFromString(b"".join(parts))
+            except DecodeError as exc:  # a corrupt record with a valid checksum
+                raise OfflineRunError(f"{p}: the record ending at byte {pos} is not a W&B record "
+                                      f"({type(exc).__name__}: {exc})") from None
             yield record
             parts = []
 
@@ -91,7 +96,10 @@ def _put(target: dict[str, Any], item: Any) -> None:
     keys = [item.key] if item.key else list(item.nested_key)
     for key in keys[:-1]:
         target = target.setdefault(key, {})
-    target[keys[-1]] = json.loads(item.value_json)
+    try:
+        target[keys[-1]] = json.loads(item.value_json)
+    except ValueError as exc:
+        raise OfflineRunError(f"the value of {'/'.join(keys)!r} is not JSON ({exc})") from None
 
 
 @dataclass
@@ -120,8 +128,11 @@ class OfflineRun:
         if not paths:
             raise OfflineRunError(f"{self.path}: no table logged under {key!r}; history keys: "
                                   f"{sorted({k for row in self.history for k in row})[:20]}")
-        doc = json.loads(paths[-1].read_text(encoding="utf-8"))
-        return [dict(zip(doc["columns"], row)) for row in doc["data"]]
+        try:
+            doc = json.loads(paths[-1].read_text(encoding="utf-8"))
+            return [dict(zip(doc["columns"], row)) for row in doc["data"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise OfflineRunError(f"{paths[-1]}: not a W&B table file ({type(exc).__name__}: {exc})") from None
 
 
 def read_offline_run(path: str | os.PathLike) -> OfflineRun:

@@ -20,7 +20,11 @@ Tags (values are states from :data:`~neuraldbg_track.integrations._payload.SEVER
 ``neuraldbg.layers.<STATE>``           layers that ever entered STATE, comma-joined
 ``neuraldbg.event_count``              events so far (also a metric, with ``failing_layers``)
 ``neuraldbg.layer.<layer>.<type>``     that layer's current state (``<layer>`` via sanitize_key)
+``neuraldbg.hypothesis``               at close: the top causal hypothesis, one line; with
+                                       ``.cause``, ``.root_layer`` and ``.confidence``
 =====================================  ========================================================
+
+At close the ranked hypotheses also go to the text artifact ``hypotheses_file``.
 
 Tags are sent on ``flush()``/``close()`` (the delivery thread flushes every few seconds), only
 those that changed, at most 100 per request. The table (``table_file``, the whole timeline
@@ -86,6 +90,7 @@ class MLflowSink(Sink):
                              "without quotes, commas, colons or brackets (mlflow.load_table refuses those)")
         self.tracking_uri, self.run_id = tracking_uri, None
         self.experiment_name, self.run_name, self.table_file = experiment_name, run_name, table_file
+        self.hypotheses_file = posixpath.join(posixpath.dirname(table_file), "neuraldbg_hypotheses.txt")
         self.extra_tags = {str(k): truncate(v) for k, v in (tags or {}).items()}
         self.end_run, self.probe_timeout = end_run, probe_timeout
         self._adopt, self._experiment_id, self._explicit = run_id, None, (tracking_uri, run_id)
@@ -186,6 +191,20 @@ class MLflowSink(Sink):
             if self.end_run if self.end_run is not None else self._owns_run:
                 self._client.set_terminated(self.run_id, "FINISHED")
             self._closed = True
+
+    def report(self, hypotheses: Any) -> None:
+        """The post-mortem: the top hypothesis as tags, all of them as the text artifact ``hypotheses_file``."""
+        from neuraldbg_track.postmortem import format_hypotheses, summary as top_summary
+
+        with self._lock:
+            self._live()
+            run_id = self.start()
+            top = top_summary(hypotheses)
+            tags = {f"{PREFIX}.{'hypothesis' if k == 'hypothesis' else 'hypothesis.' + k}": truncate(v)
+                    for k, v in top.items() if k != "hypotheses"}
+            self._send(run_id, tags, {})
+            self._live()
+            self._client.log_text(run_id, format_hypotheses(hypotheses) + "\n", self.hypotheses_file)
 
     def abandon(self) -> None:
         """Called (from another thread) when delivery gave up on this sink at close: stop before the

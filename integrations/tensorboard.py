@@ -13,6 +13,8 @@ writer=w)`` into your own writer (then it flushes but does not close it). All at
   ``<prefix>/<statistic>/<layer>`` for grad_norm, dead_fraction, saturated_fraction and rms
   (``<layer>`` via ``sanitize_key``), ``<prefix>/events/<event_type>``, ``<prefix>/events/total``
   and ``<prefix>/failing_layers``;
+* text ``<prefix>/hypotheses`` at close: the ranked causal hypotheses (Markdown), at the last step
+  they cite;
 * a custom-scalars layout (one category per event type: state codes of every layer in one
   multiline chart, one chart per statistic; plus an events category), written once. TensorBoard
   shows one layout per run: pass ``layout=False`` to keep your own writer's layout.
@@ -146,6 +148,17 @@ class TensorBoardSink(Sink):
             w.add_scalar(f"{p}/events/total", self.count, global_step=step)
             w.add_scalar(f"{p}/failing_layers", len({l for (l, _), bad in self._failing.items() if bad}),
                          global_step=step)
+
+    def report(self, hypotheses: Any) -> None:
+        """The post-mortem as one Markdown text, at the last step its hypotheses cite."""
+        from neuraldbg_track.postmortem import format_hypotheses
+
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("TensorBoardSink.report() after close(); create a new sink")
+            step = max((e.step for h in hypotheses for e in h.supporting), default=0)
+            self._start().add_text(f"{self.prefix}/hypotheses", format_hypotheses(hypotheses, markdown=True),
+                                   global_step=step)
 
     def flush(self) -> None:
         with self._lock:

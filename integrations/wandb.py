@@ -14,7 +14,9 @@
   ``STATE_CODES``), ``<prefix>/events`` and ``<prefix>/failing_layers``. In a run it adopted the
   sink logs with ``commit=False`` (values join the user's next row, as ``wandb.watch`` does);
 * **summary** at close: ``<prefix>/status`` (worst state any layer is in), failing layers and
-  states, event and alert counts.
+  states, event and alert counts; the top causal hypothesis (``<prefix>/hypothesis``, ``.../cause``,
+  ``.../root_layer``, ``.../confidence``), the ranked list as ``<prefix>/hypotheses`` text, and one
+  alert naming the top hypothesis when it is a failure.
 """
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from neuraldbg_track.events import SemanticEvent
 from neuraldbg_track.sinks.base import Sink, log
 
-from ._alerts import DEFAULT_ALERT_STATES, AlertPolicy, resolve_levels
+from ._alerts import DEFAULT_ALERT_STATES, MAX_TITLE, Alert, AlertPolicy, resolve_levels
 from ._codes import STATE_CODES, finite_number, key_statistic, state_code
-from ._payload import sanitize_key, worst_state
+from ._payload import sanitize_key, truncate, worst_state
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
@@ -149,6 +151,26 @@ class WandbSink(Sink):
             self._write_summary()
             if self._owns_run:
                 self.run.finish()
+
+    def report(self, hypotheses: Any) -> None:
+        """The post-mortem: the top hypothesis in the summary and, when it is a failure, one alert."""
+        from neuraldbg_track.postmortem import format_hypotheses, summary as top_summary
+
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("WandbSink.report() after close(); create a new sink for a new run")
+            run, p = self._start(), self.prefix
+            run.summary.update({(f"{p}/hypothesis" if k == "hypothesis" else f"{p}/hypothesis/{k}"): v
+                                for k, v in top_summary(hypotheses).items()})
+            run.summary.update({f"{p}/hypotheses": truncate(format_hypotheses(hypotheses, limit=10))})
+            top = hypotheses[0] if hypotheses else None
+            policy = self.alerts  # alerts off (alert_states=()) or capped: no alert for the post-mortem either
+            if top is not None and top.is_failure and policy.levels and policy.sent < policy.max_alerts:
+                level = "ERROR" if top.cause in ("divergence", "exploding_gradients") else "WARN"
+                policy.sent += 1
+                self._send(Alert(truncate(f"neuraldbg: likely cause: {top.cause}", MAX_TITLE),
+                                 truncate(f"{top.statement} (confidence {top.confidence:.2f})", 1000), level,
+                                 (top.root_layer,) if top.root_layer else ()))
 
     # ---- alerts -------------------------------------------------------------------------------
     @property

@@ -2,6 +2,8 @@
 
     neuraldbg-track show RUN [--plot FILE.png] [--json] [--limit N]
     neuraldbg-track compare RUN RUN [RUN ...] [--plot FILE.png] [--json] [--diff-only]
+    neuraldbg-track explain RUN [--json]     ranked causal hypotheses (see neuraldbg_track.reasoner)
+    neuraldbg-track quality [--only NAME ...] [--set KEY=VALUE ...] [--json]   (see neuraldbg_track.quality)
 
 RUN is a journal file or run directory, a directory holding one run, a TensorBoard log dir, a W&B
 offline run dir, ``mlflow:RUN_ID``, ``mlflow:EXPERIMENT/RUN_NAME`` (with ``--tracking-uri``) or
@@ -38,26 +40,41 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI for mlflow: runs "
                         "(default: $MLFLOW_TRACKING_URI, then MLflow's default)")
     parser = argparse.ArgumentParser(prog=PROG, description="Show or compare neuraldbg-track event timelines.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{show,compare}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{show,compare,explain,quality}")
     show = sub.add_parser("show", parents=[common], help="one run's timeline and summary")
     show.add_argument("run", metavar="RUN")
     show.add_argument("--limit", type=int, default=200, metavar="N", help="events listed (0: all; default 200)")
     cmp = sub.add_parser("compare", parents=[common], help="runs side by side and a verdict")
     cmp.add_argument("runs", metavar="RUN", nargs="+")
     cmp.add_argument("--diff-only", action="store_true", help="list only onsets and final states that differ")
+    why = sub.add_parser("explain", help="one run's ranked causal hypotheses")
+    why.add_argument("run", metavar="RUN")
+    why.add_argument("--json", action="store_true", help="print the hypotheses as JSON")
+    why.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI for mlflow: runs")
+    sub.add_parser("quality", add_help=False, help="detection quality on the scenario suite (--help: its options)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["quality"]:  # its own options, parsed by the quality command
+        from .quality import main as quality
+        return quality(argv[1:], prog=f"{PROG} quality")
     args = _parser().parse_args(argv)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             timelines = [load_timeline(spec, tracking_uri=args.tracking_uri)
-                         for spec in ([args.run] if args.command == "show" else args.runs)]
+                         for spec in ([args.run] if args.command in ("show", "explain") else args.runs)]
         for w in caught:  # ours only (a truncated journal line, ...), one line each
             if str(w.filename).startswith(_OURS) and issubclass(w.category, UserWarning):
                 print(f"{PROG}: warning: {w.message}", file=sys.stderr)
+        if args.command == "explain":
+            from .postmortem import explain_timeline, format_hypotheses
+            hypotheses, t = explain_timeline(timelines[0]), timelines[0]
+            print(json.dumps({"run": t.name, "source": t.source, "hypotheses": [h.to_dict() for h in hypotheses]},
+                             indent=2) if args.json else f"{t.name}  {t.source}\n{format_hypotheses(hypotheses)}")
+            return 0
         if args.command == "compare" and len(timelines) < 2:
             raise CliError("compare needs at least two runs (use show for one)")
         result = compare(timelines)

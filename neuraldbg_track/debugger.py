@@ -153,6 +153,7 @@ class NeuralDbg:
         if _ATTACHED.get(self.model) is self:
             del _ATTACHED[self.model]
         self.sinks.flush()
+        self.sinks.report(self.explain())  # the post-mortem reaches every sink (journal included) before close
         for sink in self.sinks.sinks:
             if sink is self.journal:
                 continue
@@ -167,7 +168,7 @@ class NeuralDbg:
         return {"model_class": type(self.model).__name__, "optimizer_class": type(self.optimizer).__name__
                 if self.optimizer is not None else None, "thresholds": asdict(self.config.thresholds),
                 "every_n_steps": self.config.every_n_steps, "layers": [l.name for l in self.layers],
-                "torch_version": torch.__version__}
+                "layer_sizes": self.layer_sizes(), "torch_version": torch.__version__}
 
     # ---- what users read ----------------------------------------------------------------------
     @property
@@ -185,6 +186,17 @@ class NeuralDbg:
         for (event_type, layer), state in self._detector.states().items():
             out.setdefault(layer, {})[event_type] = state
         return out
+
+    def layer_sizes(self) -> dict[str, int]:
+        """Parameters judged per layer, for the layers that have any: ``{layer: count}``."""
+        return {l.name: sum(p.numel() for p in l.params) for l in self.layers if l.params}
+
+    def explain(self) -> list["CausalHypothesis"]:
+        """This run's failures as ranked causal hypotheses, most likely first; a healthy run gets one
+        "no failure found" hypothesis. See :mod:`neuraldbg_track.reasoner`."""
+        from .reasoner import explain
+        return explain(self.events, self.execution_order, layers=[l.name for l in self.layers],
+                       sizes=self.layer_sizes(), window=10 * self.config.every_n_steps)
 
     # ---- stepping -----------------------------------------------------------------------------
     def step(self, step: int | None = None) -> None:

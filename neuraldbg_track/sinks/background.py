@@ -11,7 +11,9 @@ The contract for a wrapped sink: ``emit(event)`` may only buffer; ``flush()`` de
 emitted so far or raises, keeping what it could not send for the next ``flush()``; ``close()``
 flushes. An event counts as delivered when a ``flush()`` (or ``close()``) after its ``emit`` returned.
 An optional ``abandon()`` is called (from the closing thread, without waiting) when close gives up
-on a call that hangs, so the sink can refuse further requests.
+on a call that hangs, so the sink can refuse further requests. ``report(hypotheses)`` (the run's
+post-mortem, given just before ``close()``) is kept and delivered by the worker, after the queued
+events and before the sink's ``close()``.
 """
 from __future__ import annotations
 
@@ -93,6 +95,7 @@ class BackgroundSink(Sink):
         self._failing = False  # a call failed every attempt: one attempt per call until one succeeds
         self._flush_requested = self._closing = self._abandoned = False
         self._call_started: float | None = None
+        self._hypotheses: list | None = None
         self._thread: threading.Thread | None = None
         self._file: Path | None = None
 
@@ -135,6 +138,11 @@ class BackgroundSink(Sink):
         with self._cv:
             self._flush_requested = True
             self._cv.notify()
+
+    def report(self, hypotheses: Any) -> None:
+        """Keep the post-mortem for the worker to deliver before it closes the sink; does not wait."""
+        with self._cv:
+            self._hypotheses = list(hypotheses)
 
     def close(self) -> None:
         """Deliver what is queued, close the sink; wait at most ``close_timeout`` s; report losses."""
@@ -195,6 +203,10 @@ class BackgroundSink(Sink):
                         self._inflight.popleft()
                         self._unconfirmed.append(event) if ok else self._give_up([event], "emit failed")
                 if closing:
+                    if self._hypotheses is not None:  # best effort: a failed report loses no event
+                        failing = self._failing
+                        self._call("report", self._hypotheses)
+                        self._failing = failing  # and does not cut close()'s retries short
                     self._confirm(self._call("close"))
                     return
                 if self._unconfirmed and (requested or len(self._unconfirmed) >= self.flush_every

@@ -1,15 +1,17 @@
 """The sink interface and the fan-out that keeps one failing sink from hurting the others.
 
-A sink is anything with ``emit(event)``; ``flush()`` and ``close()`` are optional. A plain
-callable ``fn(event)`` is a sink too. :class:`FanOut` calls each sink in turn; a sink that raises
-is reported once (a warning naming it and the error), counted, and the others and the training go on.
+A sink is anything with ``emit(event)``; ``flush()``, ``close()`` and ``report(hypotheses)`` (the
+run's ranked :class:`~neuraldbg_track.reasoner.CausalHypothesis` list, given once, at close, before
+``close()``) are optional. A plain callable ``fn(event)`` is a sink too. :class:`FanOut` calls each
+sink in turn; a sink that raises is reported once (a warning naming it and the error), counted, and
+the others and the training go on.
 """
 from __future__ import annotations
 
 import logging
 import warnings
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from ..events import SemanticEvent
 
@@ -21,13 +23,16 @@ class SinkWarning(UserWarning):
 
 
 class Sink(ABC):
-    """Receives events. Only ``emit`` is required; ``flush``/``close`` default to no-ops."""
+    """Receives events. Only ``emit`` is required; ``flush``/``close``/``report`` default to no-ops."""
 
     @abstractmethod
     def emit(self, event: SemanticEvent) -> None: ...
 
     def flush(self) -> None:
         pass
+
+    def report(self, hypotheses: Sequence[Any]) -> None:
+        """The run's post-mortem: ranked causal hypotheses, most likely first (called once, at close)."""
 
     def close(self) -> None:
         self.flush()
@@ -56,6 +61,10 @@ class _Adapted(Sink):
             self.target.close()
         else:
             self.flush()
+
+    def report(self, hypotheses: Sequence[Any]) -> None:
+        if callable(getattr(self.target, "report", None)):
+            self.target.report(hypotheses)
 
     @property
     def name(self) -> str:
@@ -103,6 +112,10 @@ class FanOut(Sink):
     def flush(self) -> None:
         for sink in self.sinks:
             self._call(sink, "flush")
+
+    def report(self, hypotheses: Sequence[Any]) -> None:
+        for sink in self.sinks:
+            self._call(sink, "report", hypotheses)
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -4,10 +4,16 @@ Layout (like ``./mlruns``, ``./wandb`` and ``./runs``, it lives under the workin
 
     neuraldbg/<run_id>/run.json       run id, start/end time, model class, thresholds, counts
     neuraldbg/<run_id>/events.jsonl   one SemanticEvent per line, oldest first
+    neuraldbg/<run_id>/hypotheses.json  the post-mortem at close: ranked causal hypotheses
 
 Each line is written and flushed as the event happens, so a crash (even SIGKILL) leaves a
 journal that is valid up to its last complete line. The journal is the source of truth that
 tracker sinks can be replayed from.
+
+A journal that cannot be written (directory read-only, disk full) never stops training: the first
+``OSError`` is reported once (a :class:`~neuraldbg_track.sinks.SinkWarning`), the journal stops
+writing (``error`` says why, ``unwritten`` counts the events it missed) and the events still reach
+``dbg.events`` and every other sink.
 """
 from __future__ import annotations
 
@@ -21,10 +27,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..events import SemanticEvent
-from .base import Sink
+from .base import Sink, SinkWarning, log
 
 DEFAULT_ROOT = "neuraldbg"
 EVENTS_FILE = "events.jsonl"
+HYPOTHESES_FILE = "hypotheses.json"
 RUN_FILE = "run.json"
 MAX_LINE_BYTES = 1 << 20  # a journal line longer than this is refused, not read into memory
 
@@ -48,37 +55,95 @@ class JsonlSink(Sink):
         self.count = 0
         self._file = None
         self._info: dict[str, Any] = {"run_id": self.run_id}
+        self.error: str | None = None
+        """Why the journal stopped writing (the first OSError), or None while it is healthy."""
+        self.unwritten = 0
+        """Events given to the journal after it failed (they are in ``dbg.events`` and the other sinks)."""
 
     def open(self, info: dict[str, Any] | None = None) -> None:
         """Create the run directory and its metadata; called on context enter (or first event)."""
-        if self._file is not None:
+        if self._file is not None or self.error is not None:
             return
         self._info.update(_plain(info or {}))
         self._info.setdefault("start_time", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
-        self._write_info()
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+            self._write_info()
+        except OSError as exc:
+            self._fail(exc, "open")
 
     def emit(self, event: SemanticEvent) -> None:
         if self._file is None:
             self.open()
-        self._file.write(event.to_json() + "\n")
-        self._file.flush()  # one event = one complete line on disk, whatever happens next
+        if self.error is not None:
+            self.unwritten += 1
+            return
+        try:
+            self._file.write(event.to_json() + "\n")
+            self._file.flush()  # one event = one complete line on disk, whatever happens next
+        except OSError as exc:
+            self.unwritten += 1
+            return self._fail(exc, "write")
         self.count += 1
 
     def flush(self) -> None:
         if self._file is not None:
-            self._file.flush()
+            try:
+                self._file.flush()
+            except OSError as exc:
+                self._fail(exc, "flush")
+
+    def _fail(self, exc: OSError, verb: str) -> None:
+        """Stop writing and say so once; a partial last line is what a crash leaves too (readers skip it)."""
+        if self.error is not None:
+            return
+        self.error = f"{verb} {self.path}: {type(exc).__name__}: {exc}"
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass  # the buffer it could not write is already counted
+        msg = (f"neuraldbg-track: the journal cannot be written ({self.error}); training continues, the events "
+               "stay in memory (dbg.events) and still reach the other sinks, but this run's journal is "
+               "incomplete. Free disk space or point journal=/NEURALDBG_DIR at a writable directory.")
+        warnings.warn(msg, SinkWarning, stacklevel=3)
+        log.warning(msg)
+
+    def report(self, hypotheses: Any) -> None:
+        """Write the ranked hypotheses to ``hypotheses.json`` and the top one into run.json."""
+        if self.error is not None:
+            return
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.run_dir / (HYPOTHESES_FILE + ".tmp")
+            tmp.write_text(json.dumps([h.to_dict() for h in hypotheses], indent=2), encoding="utf-8")
+            os.replace(tmp, self.run_dir / HYPOTHESES_FILE)
+        except OSError as exc:
+            return self._fail(exc, "report")
+        if hypotheses:
+            top = hypotheses[0]
+            self._info["top_hypothesis"] = {"statement": top.statement, "cause": top.cause,
+                                            "root_layer": top.root_layer, "confidence": top.confidence}
+        if self._file is None:  # already closed: update run.json now
+            self._write_info()
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         if self._file is None:
             return
-        self._file.flush()
-        self._file.close()
+        try:
+            self._file.flush()
+            self._file.close()
+        except OSError as exc:
+            return self._fail(exc, "close")
         self._file = None
         self._info.update(_plain(summary or {}))
         self._info.update(end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), events=self.count)
-        self._write_info()
+        try:
+            self._write_info()
+        except OSError as exc:
+            self._fail(exc, "close")
 
     def _write_info(self) -> None:
         tmp = self.run_dir / (RUN_FILE + ".tmp")
@@ -121,7 +186,10 @@ def iter_journal(path: str | os.PathLike) -> Iterator[SemanticEvent]:
             if not raw.strip():
                 continue
             try:
-                yield SemanticEvent.from_dict(json.loads(raw))
+                record = json.loads(raw)
+                if not isinstance(record, dict):
+                    raise TypeError(f"expected a JSON object with the event's fields, got {type(record).__name__}")
+                yield SemanticEvent.from_dict(record)
             except (ValueError, TypeError, KeyError) as exc:
                 raise JournalError(f"{p}:{number}: not a valid event ({exc})") from None
 
