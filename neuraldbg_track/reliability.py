@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import importlib.util
 import os
 import signal
 import subprocess
@@ -233,7 +234,12 @@ def scenarios(root: Path) -> list[Callable[[], FaultResult]]:
         lambda: run_fault("KeyboardInterrupt in the loop", root / "kbd", {"healthy": Tracker()},
                           fail=_raise_at(4, KeyboardInterrupt())),
         lambda: sigkill(root / "kill"),
-    ]
+    ] + ([lambda: _mlflow_row(root / "mlflow")] if importlib.util.find_spec("mlflow") else [])
+
+
+def _mlflow_row(root: Path) -> FaultResult:
+    from .reliability_mlflow import mlflow_server_restart
+    return mlflow_server_restart(root)
 
 
 def sigkill(root: Path) -> FaultResult:
