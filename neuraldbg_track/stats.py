@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import accumulate
 from typing import Any, Iterable, Sequence
 
@@ -204,6 +205,12 @@ def _grad_norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
     return norms  # type: ignore[return-value]
 
 
+@lru_cache(maxsize=64)
+def _index(values: tuple[int, ...], device: torch.device, offset: int = 0) -> torch.Tensor:
+    """An index tensor for a step's layout; layouts repeat every step, so it is built once."""
+    return torch.tensor([v + offset for v in values], device=device)
+
+
 def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dict) -> None:
     act_items = [(i, s) for kind, i, s in items if kind == "a"]
     grad_items = [(i, g) for kind, i, g in items if kind == "g"]
@@ -213,7 +220,7 @@ def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dic
         # dead units per layer: units whose peak is 0, counted for all layers with one cumsum.
         peaks = [s.unit_peak for _, s in act_items if s.unit_peak is not None]
         if peaks:
-            ends = torch.tensor(list(accumulate(p.numel() for p in peaks)), device=device) - 1
+            ends = _index(tuple(accumulate(p.numel() for p in peaks)), device, offset=-1)
             parts.append(torch.cat(peaks).float().eq(0).cumsum(0)[ends].float())
         sat = [s.saturated for _, s in act_items if s.saturated is not None]
         if sat:
@@ -221,7 +228,7 @@ def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dic
     if grad_items:
         flat = [g for _, gs in grad_items for g in gs]
         owner = [k for k, (_, gs) in enumerate(grad_items) for _ in gs]
-        index = torch.tensor(owner, device=device)
+        index = _index(tuple(owner), device)
         sq = torch.zeros(len(grad_items), device=device).index_add_(0, index, torch.stack(_grad_norms(flat)).square())
         parts.append(sq.sqrt())
     host = torch.cat(parts).tolist()  # the one host transfer for this device and step
