@@ -4,14 +4,15 @@ journal, those each tracker received, and each tracker's count after :func:`~neu
 
 Faults: a tracker that raises on every call, one that hangs, one that is slow; the journal's directory
 unwritable, its disk full; an exception and a ``KeyboardInterrupt`` inside the training loop; the
-process killed with SIGKILL. ``tests/reliability`` asserts the same scenarios. (The MLflow server killed
-and restarted mid-run needs a live server: ``tests/integrations/test_mlflow.py`` covers it.)
+process killed with SIGKILL; a real ``mlflow server`` killed mid-run and restarted (reliability_mlflow).
+``tests/reliability`` asserts the same scenarios.
 """
 from __future__ import annotations
 
 import errno
-import logging
+import importlib
 import importlib.util
+import logging
 import os
 import signal
 import subprocess
@@ -234,12 +235,8 @@ def scenarios(root: Path) -> list[Callable[[], FaultResult]]:
         lambda: run_fault("KeyboardInterrupt in the loop", root / "kbd", {"healthy": Tracker()},
                           fail=_raise_at(4, KeyboardInterrupt())),
         lambda: sigkill(root / "kill"),
-    ] + ([lambda: _mlflow_row(root / "mlflow")] if importlib.util.find_spec("mlflow") else [])
-
-
-def _mlflow_row(root: Path) -> FaultResult:
-    from .reliability_mlflow import mlflow_server_restart
-    return mlflow_server_restart(root)
+    ] + ([lambda: importlib.import_module(f"{__package__}.reliability_mlflow").mlflow_server_restart(root / "mlflow")]
+         if importlib.util.find_spec("mlflow") else [])  # a real mlflow server killed and restarted
 
 
 def sigkill(root: Path) -> FaultResult:
@@ -263,9 +260,8 @@ def sigkill(root: Path) -> FaultResult:
         warnings.simplefilter("always")
         events = read_journal(path.strip())
     truncated = any("incomplete last line" in str(w.message) for w in caught)
-    return FaultResult("SIGKILL mid-run (truncated last line)", f"killed (rc {child.returncode})",
-                       int(produced), len(events),
-                       problems=[] if truncated else ["the reader gave no warning about the truncated tail"])
+    return FaultResult("SIGKILL mid-run (truncated last line)", f"killed (rc {child.returncode})", int(produced),
+                       len(events), problems=[] if truncated else ["the reader did not warn of the truncated tail"])
 
 
 def _child(root: str) -> None:
