@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from neuraldbg_track.events import FAILURE_STATES, HEALTHY_STATE, SemanticEvent
+from neuraldbg_track.events import key_statistic as _key_statistic
 
 from ._payload import severity
 
@@ -40,8 +41,6 @@ def finite_number(value: Any) -> float | None:
 
 
 def key_statistic(event: SemanticEvent) -> tuple[str, Any]:
-    """The first of :data:`KEY_STATISTICS` in the event's metadata, as ``(name, value)``."""
-    for name in KEY_STATISTICS:
-        if name in event.metadata:
-            return name, event.metadata[name]
-    return "", None
+    """The statistic that justifies the event (see :func:`neuraldbg_track.events.key_statistic`),
+    as ``(name, value)``; ``("", None)`` when its metadata has none."""
+    return _key_statistic(event) or ("", None)

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .compare import Comparison, compare, kind_label
-from .events import HEALTHY_STATE
-from .sinks.console import key_statistic
+from .events import HEALTHY_STATE, key_statistic
 from .sources import load_timeline
 from .timeline import Timeline, TimelineError, is_failure_state, onset
 

@@ -7,7 +7,7 @@ means. Bad values fail here, at start-up, naming the field, the value and what i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 
@@ -114,9 +114,6 @@ class WatchConfig:
             object.__setattr__(self, name, tuple(value))
         if isinstance(self.thresholds, Mapping):
             object.__setattr__(self, "thresholds", thresholds_from(self.thresholds))
-
-    def with_overrides(self, **changes: Any) -> "WatchConfig":
-        return replace(self, **changes)
 
 
 def thresholds_from(values: Mapping[str, Any]) -> Thresholds:

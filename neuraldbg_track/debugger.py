@@ -9,7 +9,7 @@ import weakref
 from collections import deque
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from .sinks import ConsoleSink, FanOut, JsonlSink
 from .sinks.jsonl import DEFAULT_ROOT
 from .stats import StepBuffer, recheck_nonfinite
 from .transitions import TransitionDetector
+
+if TYPE_CHECKING:
+    from .reasoner import CausalHypothesis
 
 GRAD = EventType.GRADIENT_HEALTH.value
 ACT = EventType.ACTIVATION_REGIME.value

@@ -59,6 +59,21 @@ FAILURE_STATES = {
 }
 
 
+# The statistic that justifies each activation state (gradient events always show grad_norm).
+_ACTIVATION_KEY_STAT = {"DEAD": "dead_fraction", "SATURATED": "saturated_fraction", "ANOMALOUS": "shift_decades"}
+
+
+def key_statistic(event: "SemanticEvent") -> tuple[str, Any] | None:
+    """The one statistic a reader wants next to this event, as ``(name, value)``, or None."""
+    if event.event_type == EventType.GRADIENT_HEALTH.value:
+        name = "grad_norm"
+    else:
+        name = _ACTIVATION_KEY_STAT.get(event.to_state, _ACTIVATION_KEY_STAT.get(event.from_state, "rms"))
+        if name not in event.metadata:
+            name = "rms"
+    return (name, event.metadata[name]) if name in event.metadata else None
+
+
 def _plain(value: Any) -> Any:
     """Turn metadata into JSON-safe plain data (non-finite floats become strings)."""
     if isinstance(value, Enum):

@@ -14,6 +14,15 @@ def mlp(widths, act=nn.ReLU, final_act=False) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+def exploding_mlp(scale: float = 10.0) -> nn.Sequential:
+    """A ReLU MLP with every parameter scaled up: at lr 0.01 its gradients explode, then go NaN."""
+    model = mlp([16, 64, 64, 1])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+    return model
+
+
 def regression_data(n=512, inputs=16, outputs=1, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, inputs, generator=g)

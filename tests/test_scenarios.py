@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from neuraldbg_track import NeuralDbg
-from tests.helpers import by_layer, mlp, regression_data, train
+from tests.helpers import by_layer, exploding_mlp, mlp, regression_data, train
 
 
 def test_deep_sigmoid_mlp_early_layers_vanish():
@@ -24,10 +24,7 @@ def test_deep_sigmoid_mlp_early_layers_vanish():
 
 
 def test_high_learning_rate_explodes_then_goes_non_finite():
-    model = mlp([16, 64, 64, 1])
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(10.0)
+    model = exploding_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = regression_data()
     with NeuralDbg(model, opt, console=False) as dbg:

@@ -21,14 +21,13 @@ import atexit
 import logging
 import threading
 import time
-import warnings
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..events import SemanticEvent
-from .base import Sink, SinkWarning, as_sink
+from .base import Sink, as_sink, warn_sink
 
 log = logging.getLogger("neuraldbg_track")
 UNDELIVERED = "undelivered-{name}.jsonl"
@@ -282,5 +281,4 @@ class BackgroundSink(Sink):
                      f"re-send them with neuraldbg_track.delivery.replay({str(self.run_dir)!r}, {target})")
         msg = (f"neuraldbg-track: {len(lost)} of {received} events were not delivered to {self._name} "
                f"({reasons}; last error: {self._last_error}); {where}")
-        warnings.warn(msg, SinkWarning, stacklevel=2)
-        log.warning(msg)
+        warn_sink(msg, stacklevel=2)

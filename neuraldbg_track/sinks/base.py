@@ -22,6 +22,12 @@ class SinkWarning(UserWarning):
     """A sink failed; training goes on and the journal still holds every event."""
 
 
+def warn_sink(message: str, stacklevel: int = 3) -> None:
+    """Tell the user about a sink problem on both channels: a :class:`SinkWarning` and the log."""
+    warnings.warn(message, SinkWarning, stacklevel=stacklevel + 1)
+    log.warning(message)
+
+
 class Sink(ABC):
     """Receives events. Only ``emit`` is required; ``flush``/``close``/``report`` default to no-ops."""
 
@@ -102,8 +108,7 @@ class FanOut(Sink):
                 msg = (f"neuraldbg-track: sink {key} failed in {verb}() ({type(exc).__name__}: {exc}); "
                        "training continues and the JSONL journal keeps every event. "
                        "Further failures of this sink are counted, not repeated.")
-                warnings.warn(msg, SinkWarning, stacklevel=3)
-                log.warning(msg)
+                warn_sink(msg)
 
     def emit(self, event: SemanticEvent) -> None:
         for sink in self.sinks:

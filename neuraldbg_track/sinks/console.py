@@ -4,23 +4,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from ..events import SemanticEvent
+from ..events import SemanticEvent, key_statistic
 from .base import Sink
-
-# The statistic that justifies each activation state (gradient events always show grad_norm).
-_KEY_STAT = {"DEAD": "dead_fraction", "SATURATED": "saturated_fraction", "ANOMALOUS": "shift_decades"}
-
-
-def key_statistic(event: SemanticEvent) -> tuple[str, object] | None:
-    """The one statistic a reader wants next to this event, as (name, value)."""
-    if event.event_type == "gradient_health":
-        name = "grad_norm"
-    else:
-        name = _KEY_STAT.get(event.to_state, _KEY_STAT.get(event.from_state, "rms"))
-        if name not in event.metadata:
-            name = "rms"
-    return (name, event.metadata[name]) if name in event.metadata else None
-
 
 def format_event(event: SemanticEvent) -> str:
     key = key_statistic(event)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..events import SemanticEvent
-from .base import Sink, SinkWarning, log
+from .base import Sink, warn_sink
 
 DEFAULT_ROOT = "neuraldbg"
 EVENTS_FILE = "events.jsonl"
@@ -108,8 +108,7 @@ class JsonlSink(Sink):
         msg = (f"neuraldbg-track: the journal cannot be written ({self.error}); training continues, the events "
                "stay in memory (dbg.events) and still reach the other sinks, but this run's journal is "
                "incomplete. Free disk space or point journal=/NEURALDBG_DIR at a writable directory.")
-        warnings.warn(msg, SinkWarning, stacklevel=3)
-        log.warning(msg)
+        warn_sink(msg)
 
     def report(self, hypotheses: Any) -> None:
         """Write the ranked hypotheses to ``hypotheses.json`` and the top one into run.json."""

@@ -13,7 +13,7 @@ from neuraldbg_track import NeuralDbg, SemanticEvent, read_journal
 from neuraldbg_track.integrations._alerts import AlertPolicy, resolve_levels, title_for
 from neuraldbg_track.integrations._wandb_offline import OfflineRunError, read_offline_run
 from neuraldbg_track.integrations.wandb import WandbSink
-from tests.helpers import mlp, regression_data, train
+from tests.helpers import exploding_mlp, regression_data, train
 from tests.integrations.trackers import offline_wandb, run_dir, vanishing_sigmoid_mlp
 
 
@@ -168,10 +168,7 @@ def test_adopts_the_active_run_keeps_its_steps_and_leaves_it_open(tmp_path):
         run = wandb.init(project="neuraldbg-tests")
         run.summary["user/blob"] = "x" * 70_000  # one record over three 32 KiB blocks
         torch.manual_seed(0)
-        model = mlp([16, 64, 64, 1])
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(10.0)
+        model = exploding_mlp()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         x, y = regression_data()
         sink = WandbSink(alert_window_s=1.0)
