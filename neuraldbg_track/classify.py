@@ -65,33 +65,56 @@ class NormWindow:
         return math.sqrt(var) / mean
 
 
-def classify_gradient(stats: GradientStats, current: str, th: Thresholds,
-                      window: NormWindow) -> Verdict:
-    """NON_FINITE > EXPLODING > VANISHING > SATURATED > HEALTHY; see the module docstring."""
+def _gradient_limits(current: str, th: Thresholds) -> tuple[float, float, float, float]:
+    """(exploding, vanishing, saturation norm, saturation cv) as applied given the current state."""
+    h = 10 ** th.hysteresis
+    staying = current == G.SATURATED.value
+    return (th.exploding / h if current == G.EXPLODING.value else th.exploding,
+            th.vanishing * h if current == G.VANISHING.value else th.vanishing,
+            th.saturation_norm / h if staying else th.saturation_norm,
+            th.saturation_cv * h if staying else th.saturation_cv)
+
+
+def gradient_state(stats: GradientStats, current: str, th: Thresholds, window: NormWindow) -> str:
+    """The state alone: NON_FINITE > EXPLODING > VANISHING > SATURATED > HEALTHY. Most observations
+    confirm the current state, and this is all the debugger computes for them."""
     g = stats.norm
     if stats.nonfinite or not math.isfinite(g):
-        return Verdict(G.NON_FINITE.value, math.inf,
-                       {"grad_norm": g, "nonfinite": True, "nonfinite_count": stats.nonfinite_count})
-    h = th.hysteresis
-    explode_at = th.exploding / 10 ** h if current == G.EXPLODING.value else th.exploding
-    vanish_at = th.vanishing * 10 ** h if current == G.VANISHING.value else th.vanishing
-    evidence: dict[str, Any] = {"grad_norm": g}
+        return G.NON_FINITE.value
+    explode_at, vanish_at, sat_norm, cv_limit = _gradient_limits(current, th)
     if g > explode_at:
-        return Verdict(G.EXPLODING.value, _decades(g, th.exploding),
-                       {**evidence, "threshold": th.exploding, "applied_threshold": explode_at})
+        return G.EXPLODING.value
     if g < vanish_at:
-        return Verdict(G.VANISHING.value, _decades(th.vanishing, g) if g > 0 else math.inf,
+        return G.VANISHING.value
+    if g >= sat_norm:  # the window is only read for high norms
+        cv = window.cv()
+        if cv is not None and cv < cv_limit:
+            return G.SATURATED.value
+    return G.HEALTHY.value
+
+
+def classify_gradient(stats: GradientStats, current: str, th: Thresholds,
+                      window: NormWindow) -> Verdict:
+    """:func:`gradient_state` with its margin and evidence; see the module docstring."""
+    state = gradient_state(stats, current, th, window)
+    g = stats.norm
+    if state == G.NON_FINITE.value:
+        return Verdict(state, math.inf, {"grad_norm": g, "nonfinite": True, "nonfinite_count": stats.nonfinite_count})
+    explode_at, vanish_at, _, _ = _gradient_limits(current, th)
+    evidence: dict[str, Any] = {"grad_norm": g}
+    if state == G.EXPLODING.value:
+        return Verdict(state, _decades(g, th.exploding),
+                       {**evidence, "threshold": th.exploding, "applied_threshold": explode_at})
+    if state == G.VANISHING.value:
+        return Verdict(state, _decades(th.vanishing, g) if g > 0 else math.inf,
                        {**evidence, "threshold": th.vanishing, "applied_threshold": vanish_at})
-    staying = current == G.SATURATED.value
-    sat_norm = th.saturation_norm / 10 ** h if staying else th.saturation_norm
-    cv_limit = th.saturation_cv * 10 ** h if staying else th.saturation_cv
-    cv = window.cv() if g >= sat_norm else None  # the window is only read for high norms
-    if cv is not None and cv < cv_limit:
+    if state == G.SATURATED.value:
+        cv = window.cv() or 0.0
         margin = min(_decades(g, th.saturation_norm), _decades(th.saturation_cv, cv) if cv > 0 else math.inf)
-        return Verdict(G.SATURATED.value, max(margin, 0.0),
+        return Verdict(state, max(margin, 0.0),
                        {**evidence, "cv": cv, "threshold": th.saturation_norm, "cv_threshold": th.saturation_cv})
     margin = min(_decades(g, th.vanishing), _decades(th.exploding, g))
-    return Verdict(G.HEALTHY.value, margin, evidence)
+    return Verdict(state, margin, evidence)
 
 
 class Baseline:
@@ -127,37 +150,55 @@ class Baseline:
         self.count += 1
 
 
+def _activation_limits(current: str, th: Thresholds) -> tuple[float, float, float]:
+    """(dead fraction, saturated fraction, anomaly decades) as applied given the current state."""
+    keep = 1 - th.hysteresis / 2
+    return (th.dead_fraction * keep if current == A.DEAD.value else th.dead_fraction,
+            th.saturated_fraction * keep if current == A.SATURATED.value else th.saturated_fraction,
+            max(th.anomaly_decades - th.hysteresis, 0.0) if current == A.ANOMALOUS.value else th.anomaly_decades)
+
+
+def activation_state(stats: ActivationStats, current: str, th: Thresholds, baseline: Baseline) -> str:
+    """The state alone: non-finite -> ANOMALOUS; then DEAD > SATURATED > ANOMALOUS (shift) > NORMAL."""
+    if not math.isfinite(stats.rms):
+        return A.ANOMALOUS.value
+    dead_at, sat_at, shift_at = _activation_limits(current, th)
+    if stats.dead_fraction is not None and stats.dead_fraction >= dead_at:
+        return A.DEAD.value
+    if stats.saturated_fraction is not None and stats.saturated_fraction >= sat_at:
+        return A.SATURATED.value
+    if baseline.level is not None and baseline.ready and stats.rms > 0:
+        if abs(math.log10(stats.rms) - baseline.level) >= shift_at:
+            return A.ANOMALOUS.value
+    return A.NORMAL.value
+
+
 def classify_activation(stats: ActivationStats, current: str, th: Thresholds,
                         baseline: Baseline) -> Verdict:
-    """non-finite -> ANOMALOUS; then DEAD > SATURATED > ANOMALOUS (shift) > NORMAL."""
-    evidence: dict[str, Any] = {"rms": stats.rms, "mean": stats.mean, "std": stats.std}
+    """:func:`activation_state` with its margin and evidence."""
+    state = activation_state(stats, current, th, baseline)
+    evidence: dict[str, Any] = {"rms": stats.rms}
     if stats.dead_fraction is not None:
         evidence["dead_fraction"] = stats.dead_fraction
     if stats.saturated_fraction is not None:
         evidence["saturated_fraction"] = stats.saturated_fraction
     if not stats.finite:
-        return Verdict(A.ANOMALOUS.value, math.inf, {**evidence, "nonfinite": True})
-    keep = 1 - th.hysteresis / 2
-    dead_at = th.dead_fraction * keep if current == A.DEAD.value else th.dead_fraction
-    if stats.dead_fraction is not None and stats.dead_fraction >= dead_at:
-        return Verdict(A.DEAD.value, _fraction_margin(stats.dead_fraction, th.dead_fraction),
+        return Verdict(state, math.inf, {**evidence, "nonfinite": True})
+    dead_at, sat_at, _ = _activation_limits(current, th)
+    if state == A.DEAD.value:
+        return Verdict(state, _fraction_margin(stats.dead_fraction or 0.0, th.dead_fraction),
                        {**evidence, "threshold": th.dead_fraction, "applied_threshold": dead_at}, FRACTION_SCALE)
-    if stats.saturated_fraction is not None:
-        sat_at = th.saturated_fraction * keep if current == A.SATURATED.value else th.saturated_fraction
-        if stats.saturated_fraction >= sat_at:
-            return Verdict(A.SATURATED.value, _fraction_margin(stats.saturated_fraction, th.saturated_fraction),
-                           {**evidence, "threshold": th.saturated_fraction, "applied_threshold": sat_at},
-                           FRACTION_SCALE)
+    if state == A.SATURATED.value:
+        return Verdict(state, _fraction_margin(stats.saturated_fraction or 0.0, th.saturated_fraction),
+                       {**evidence, "threshold": th.saturated_fraction, "applied_threshold": sat_at}, FRACTION_SCALE)
     if baseline.ready and baseline.level is not None and stats.rms > 0:
         shift = abs(math.log10(stats.rms) - baseline.level)
-        limit = th.anomaly_decades - th.hysteresis if current == A.ANOMALOUS.value else th.anomaly_decades
         evidence.update(baseline_rms=10 ** baseline.level, shift_decades=shift)
-        if shift >= max(limit, 0.0):
-            return Verdict(A.ANOMALOUS.value, shift - th.anomaly_decades,
-                           {**evidence, "threshold": th.anomaly_decades})
-        return Verdict(A.NORMAL.value, th.anomaly_decades - shift, evidence)
+        if state == A.ANOMALOUS.value:
+            return Verdict(state, shift - th.anomaly_decades, {**evidence, "threshold": th.anomaly_decades})
+        return Verdict(state, th.anomaly_decades - shift, evidence)
     dead = stats.dead_fraction or 0.0
-    return Verdict(A.NORMAL.value, (th.dead_fraction - dead) / th.dead_fraction, evidence, FRACTION_SCALE)
+    return Verdict(state, (th.dead_fraction - dead) / th.dead_fraction, evidence, FRACTION_SCALE)
 
 
 def _fraction_margin(value: float, threshold: float) -> float:

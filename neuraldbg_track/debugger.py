@@ -16,7 +16,7 @@ from torch import nn
 
 from .delivery import delivery_summary, prepare_sink
 from .distributed import EventRelay
-from .classify import Baseline, NormWindow, classify_activation, classify_gradient
+from .classify import Baseline, NormWindow, activation_state, classify_activation, classify_gradient, gradient_state
 from .config import ConfigError, Thresholds, WatchConfig, thresholds_from
 from .events import EventType, SemanticEvent
 from .hooks import Gate, HookSet, Layer, select_layers
@@ -237,22 +237,24 @@ class NeuralDbg:
         acts, grads = self._buffer.gather(groups)
         if acts and not self.execution_order:  # hooks fire in forward order: the model's real layer order
             self.execution_order = [self.layers[i].name for i in acts]
-        th = self.config.thresholds
-        by_index = dict(groups)
+        th, detector, layers = self.config.thresholds, self._detector, self.layers
         for index, stats in grads.items():
-            layer = self.layers[index]
+            name = layers[index].name
             if stats.nonfinite:  # rare path: count the bad values (more transfers, only now)
-                stats = recheck_nonfinite(stats, by_index[index])
+                stats = recheck_nonfinite(stats, dict(groups)[index])
             window = self._windows[index]
             window.add(stats.norm)
-            verdict = classify_gradient(stats, self._detector.state(GRAD, layer.name), th, window)
-            self._record(self._detector.observe(GRAD, layer.name, step, verdict))
+            current = detector.state(GRAD, name)
+            if not detector.settled(GRAD, name, gradient_state(stats, current, th, window)):
+                self._record(detector.observe(GRAD, name, step, classify_gradient(stats, current, th, window)))
         for index, stats in acts.items():
-            layer = self.layers[index]
+            name = layers[index].name
             baseline = self._baselines[index]
-            verdict = classify_activation(stats, self._detector.state(ACT, layer.name), th, baseline)
-            baseline.update(stats.rms, anomalous=verdict.state == "ANOMALOUS")
-            self._record(self._detector.observe(ACT, layer.name, step, verdict))
+            current = detector.state(ACT, name)
+            state = activation_state(stats, current, th, baseline)
+            if not detector.settled(ACT, name, state):
+                self._record(detector.observe(ACT, name, step, classify_activation(stats, current, th, baseline)))
+            baseline.update(stats.rms, anomalous=state == "ANOMALOUS")
         for event in self._relay.exchange() if self._relay is not None else ():  # same calls on every rank
             self._record(event)
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .config import ConfigError, WatchConfig
-from .stats import AFFINE, CHANNEL_FIRST, NONNEGATIVE, PASS_THROUGH, Probe, StepBuffer, first_tensor, output_bounds, sample_activation
+from .stats import AFFINE, CHANNEL_FIRST, NONNEGATIVE, PASS_THROUGH, Probe, StepBuffer, first_tensor, output_bounds
 
 ROOT_NAME = "<root>"
 
@@ -79,14 +79,25 @@ class Gate:
 
 
 def _forward_hook(probe: Probe, buffer: StepBuffer, gate: Gate) -> Callable:
+    add, root, grad_enabled, tensor = buffer.add, gate.root, torch.is_grad_enabled, torch.Tensor
+
     def hook(module: nn.Module, inputs: object, output: object) -> None:
         # Only training passes count: no eval(), no no_grad/inference forwards.
-        if not gate.observing or not gate.root.training or not torch.is_grad_enabled():
+        if not gate.observing or not root.training or not grad_enabled():
             return
-        y = first_tensor(output)
+        y = output if type(output) is tensor else first_tensor(output)
         if y is None or not y.is_floating_point() or y.numel() == 0:
             return
-        buffer.activations[probe.index] = sample_activation(probe, y)
+        add(probe, y)
+    return hook
+
+
+def _flush_hook(buffer: StepBuffer, gate: Gate) -> Callable:
+    """On the root: the forward is over, so reduce the outputs batched during it (their memory is
+    released before backward instead of at the optimizer step)."""
+    def hook(module: nn.Module, inputs: object, output: object) -> None:
+        if gate.observing:
+            buffer.flush()
     return hook
 
 
@@ -100,6 +111,8 @@ class HookSet:
         for layer in layers:
             if layer.probe is not None:
                 self.handles.append(layer.module.register_forward_hook(_forward_hook(layer.probe, buffer, gate)))
+        if any(layer.probe is not None for layer in layers):
+            self.handles.append(gate.root.register_forward_hook(_flush_hook(buffer, gate)))
 
     def install_optimizer(self, optimizer: torch.optim.Optimizer, before: Callable[[], None],
                           after: Callable[[], None]) -> None:

@@ -1,24 +1,30 @@
-"""Device-side statistics: cheap reductions inside hooks, one host transfer per observed step.
+"""Device-side statistics: cheap reductions, one host transfer per observed step.
 
-Inside a forward hook only device reductions run (no ``.item()``, no ``.cpu()``); their small
-results wait in a :class:`StepBuffer` until the optimizer step, where they are packed with the
-gradient norms into one vector per device and moved to the host in a single transfer.
+Forward hooks hand each watched output to a :class:`StepBuffer`. In eager mode small outputs are
+not reduced at once: the buffer keeps a reference and reduces a batch of them together (one
+``torch._foreach_norm`` for all their norms) when the root forward ends, when the batch reaches
+:attr:`StepBuffer.batch_bytes`, or at the optimizer step, whichever comes first. Large outputs,
+and every output under ``torch.compile`` (where the reductions fuse into the graph), are reduced
+inside the hook. Nothing is read on the host until the optimizer step, where all results are packed
+with the gradient norms into one vector per device and moved in a single transfer.
 
-Activation statistics per layer: sum and L2 norm (mean, RMS and std follow), the number of *dead
-units* (units whose largest |output| over the batch is exactly zero; the unit axis is the channel
-axis for feature maps and the last axis otherwise) and, for bounded activations, the number of
-outputs at the bounds. A non-finite activation shows as a non-finite sum or norm.
-Gradient statistics per layer: the L2 norm of its own parameters' gradients; NaN and Inf poison
-it, and on the rare step where it is not finite :func:`recheck_nonfinite` counts the bad values
-(and tells a float32 overflow of huge but finite gradients from a real NaN/Inf).
+Activation statistics per layer: the L2 norm (RMS follows; NaN/Inf poison it, so a non-finite
+output shows as a non-finite RMS), the number of *dead units* (units whose largest |output| over
+the batch is exactly zero; the unit axis is the channel axis for feature maps and the last axis
+otherwise) and, for bounded activations, the number of outputs at the bounds.
+Gradient statistics per layer: the L2 norm of its own parameters' gradients; on the rare step where
+it is not finite :func:`recheck_nonfinite` counts the bad values (and tells a float32 overflow of
+huge but finite gradients from a real NaN/Inf).
+
+Why no mean/std: a sum costs one more kernel per hook (~5 us on CPU) and no rule reads it; the
+RMS carries the level that the ANOMALOUS rule judges.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 from torch import nn
@@ -41,6 +47,7 @@ AFFINE = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.Embe
 # Modules whose dim 1 is the channel (unit) axis even for 3-D outputs.
 CHANNEL_FIRST = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm,
                  nn.modules.instancenorm._InstanceNorm, nn.GroupNorm)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def output_bounds(module: nn.Module) -> tuple[float, float] | None:
@@ -69,8 +76,7 @@ def first_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
-@dataclass(frozen=True)
-class Probe:
+class Probe(NamedTuple):
     """How one layer's output is reduced; fixed when hooks are installed."""
 
     index: int
@@ -81,46 +87,16 @@ class Probe:
     dead_units: bool = True    # judge dead units (not on affine/normalising layers: see AFFINE)
 
 
-@dataclass
-class ActivationSample:
-    """Device tensors produced by one hook call (nothing here is on the host)."""
+class ActivationSample(NamedTuple):
+    """Device tensors reduced from one output (nothing here is on the host)."""
 
-    total: torch.Tensor            # () sum of the outputs
-    norm: torch.Tensor             # () L2 norm of the outputs
+    norm: torch.Tensor              # () L2 norm of the outputs
     unit_peak: torch.Tensor | None  # (units,) max |output| per unit: 0 means the unit never fired
     saturated: torch.Tensor | None  # () outputs at the bounds
     numel: int
 
 
-def sample_activation(probe: Probe, y: torch.Tensor) -> ActivationSample:
-    """Reduce one output on its device with a few cheap kernels (sum, norm, amax; no Welford
-    ``std_mean``, which costs ~30x more on CPU). Shapes are static, so this adds no graph break.
-    No ``no_grad`` needed: everything derives from ``y.detach()``, which autograd does not track."""
-    x = y.detach()
-    if x.dtype != torch.float32 and x.dtype != torch.float64:
-        x = x.float()
-    ndim = x.dim()
-    peak = None
-    if probe.dead_units:
-        magnitude = x if probe.nonnegative else x.abs()
-        if ndim <= 1:
-            peak = magnitude.reshape(-1)
-        else:
-            unit = 1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1
-            peak = magnitude.amax(dim=tuple(d for d in range(ndim) if d != unit))
-    saturated = None
-    if probe.bounds is not None:
-        low, high = probe.bounds
-        margin = probe.tolerance * (high - low)
-        mid, half = (high + low) / 2, (high - low) / 2 - margin
-        saturated = torch.count_nonzero((x - mid).abs() >= half)
-    return ActivationSample(x.sum(), torch.linalg.vector_norm(x), peak, saturated, x.numel())
-
-
-@dataclass(frozen=True)
-class ActivationStats:
-    mean: float
-    std: float
+class ActivationStats(NamedTuple):
     rms: float
     dead_fraction: float | None  # None where dead units are not judged (affine layers)
     saturated_fraction: float | None
@@ -128,16 +104,74 @@ class ActivationStats:
 
     @property
     def finite(self) -> bool:
-        return math.isfinite(self.mean) and math.isfinite(self.std)
+        return math.isfinite(self.rms)
 
 
-@dataclass(frozen=True)
-class GradientStats:
+class GradientStats(NamedTuple):
     norm: float
     nonfinite: bool
     parameters: int
     nonfinite_count: int | None = None
     """Counted only on the rare step where ``nonfinite`` is set (it costs one more transfer)."""
+
+
+def _unit_peak(probe: Probe, x: torch.Tensor) -> torch.Tensor | None:
+    """Max |output| per unit (None where dead units are not judged). Measured in the training loop
+    on CPU, ``amax`` + ``vector_norm`` beat a per-unit sum of squares (its temporary costs more
+    than the pass it saves) and ``vector_norm`` over a ``dim`` (~8x slower)."""
+    if not probe.dead_units:
+        return None
+    magnitude = x if probe.nonnegative else x.abs()
+    ndim = x.dim()
+    if ndim <= 1:
+        return magnitude.reshape(-1)
+    unit = 1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1
+    return magnitude.amax(dim=tuple(d for d in range(ndim) if d != unit))
+
+
+def _saturated(probe: Probe, x: torch.Tensor) -> torch.Tensor | None:
+    if probe.bounds is None:
+        return None
+    low, high = probe.bounds
+    margin = probe.tolerance * (high - low)
+    mid, half = (high + low) / 2, (high - low) / 2 - margin
+    return torch.count_nonzero((x - mid if mid else x).abs() >= half)
+
+
+def _norm(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.vector_norm(x, dtype=torch.float32 if x.dtype in LOW_PRECISION else None)
+
+
+def sample_activation(probe: Probe, x: torch.Tensor) -> ActivationSample:
+    """Reduce one detached output on its device: one norm kernel (per unit where dead units are
+    judged), plus a count at the bounds for bounded activations; no Welford ``std_mean``, which
+    costs ~30x more on CPU. Shapes are static, so under ``torch.compile`` this adds no graph break."""
+    return ActivationSample(_norm(x), _unit_peak(probe, x), _saturated(probe, x), x.numel())
+
+
+def _foreach_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-tensor L2 norms, one ``torch._foreach_norm`` launch per (device, dtype) group, in float32
+    for half-precision inputs; a public per-tensor fallback where foreach is unavailable (sparse
+    gradients, or a build without the private helper). NaN and Inf poison the norm."""
+    norms: list[Any] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t.is_sparse:
+            norms[i] = _norm(t.coalesce().values())
+        else:
+            groups.setdefault((t.device, t.dtype), []).append(i)
+    for (_, dtype), members in groups.items():
+        group = [tensors[i] for i in members]
+        try:
+            if dtype in LOW_PRECISION:
+                result = torch._foreach_norm(group, 2, dtype=torch.float32)
+            else:
+                result = torch._foreach_norm(group)
+        except (RuntimeError, AttributeError, TypeError):  # private helper: keep a public fallback
+            result = [_norm(t) for t in group]
+        for i, n in zip(members, result):
+            norms[i] = n
+    return norms
 
 
 @torch.no_grad()
@@ -152,109 +186,169 @@ def recheck_nonfinite(stats: GradientStats, grads: Sequence[torch.Tensor]) -> Gr
     return GradientStats(norm, not math.isfinite(norm), stats.parameters, 0)
 
 
-class StepBuffer:
-    """Collects one step's activation samples (latest per layer, so gradient accumulation
-    keeps the last micro-batch) and packs them with gradient norms for one host transfer."""
+class _Block(NamedTuple):
+    """Activation statistics of some layers packed into one vector on one device: [norms |
+    saturated counts | cumulative dead-unit counts]; ``layout`` has, per layer, (index, numel,
+    units, position of its norm, of its cumulative dead count, of its saturated count), None where
+    absent."""
 
-    def __init__(self) -> None:
-        self.activations: dict[int, ActivationSample] = {}
-
-    def clear(self) -> None:
-        self.activations.clear()
-
-    @torch.no_grad()
-    def gather(self, grad_groups: Sequence[tuple[int, Sequence[torch.Tensor]]]
-               ) -> tuple[dict[int, ActivationStats], dict[int, GradientStats]]:
-        """Pack everything on the device, transfer once per device, and unpack to host floats.
-
-        ``grad_groups`` is ``[(layer_index, [grad, ...]), ...]`` for the layers with gradients.
-        """
-        samples = self.activations
-        self.activations = {}
-        by_device: dict[torch.device, list] = {}
-        for index, sample in samples.items():
-            by_device.setdefault(sample.total.device, []).append(("a", index, sample))
-        for index, grads in grad_groups:
-            by_device.setdefault(grads[0].device, []).append(("g", index, grads))
-        acts: dict[int, ActivationStats] = {}
-        grads_out: dict[int, GradientStats] = {}
-        for device, items in by_device.items():
-            _gather_device(device, items, acts, grads_out)
-        return acts, grads_out
-
-
-def _grad_norms(grads: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per-tensor L2 norms, batched by dtype with ``torch._foreach_norm`` (one launch per group),
-    falling back to one norm per tensor where foreach is unavailable (e.g. sparse gradients).
-    NaN and Inf poison the norm, so a non-finite gradient needs no second pass to be seen."""
-    norms: list[torch.Tensor | None] = [None] * len(grads)
-    groups: dict[torch.dtype, list[int]] = {}
-    for i, g in enumerate(grads):
-        if g.is_sparse:
-            norms[i] = torch.linalg.vector_norm(g.coalesce().values().float())
-        else:
-            groups.setdefault(g.dtype, []).append(i)
-    for members in groups.values():
-        tensors = [grads[i] for i in members]
-        try:
-            result = torch._foreach_norm(tensors)
-        except (RuntimeError, AttributeError, TypeError):  # private helper: keep a public fallback
-            result = [torch.linalg.vector_norm(t) for t in tensors]
-        for i, n in zip(members, result):
-            norms[i] = n.float()
-    return norms  # type: ignore[return-value]
+    vector: torch.Tensor
+    layout: list[tuple[int, int, int, int, int | None, int | None]]
 
 
 @lru_cache(maxsize=64)
-def _index(values: tuple[int, ...], device: torch.device, offset: int = 0) -> torch.Tensor:
-    """An index tensor for a step's layout; layouts repeat every step, so it is built once."""
-    return torch.tensor([v + offset for v in values], device=device)
+def _ends(units: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """Where each layer's units end in the concatenated peaks; layouts repeat, so built once."""
+    return torch.tensor(list(accumulate(units)), device=device) - 1
 
 
-def _gather_device(device: torch.device, items: list, acts: dict, grads_out: dict) -> None:
-    act_items = [(i, s) for kind, i, s in items if kind == "a"]
-    grad_items = [(i, g) for kind, i, g in items if kind == "g"]
-    parts: list[torch.Tensor] = []
-    if act_items:
-        parts.append(torch.stack([t for _, s in act_items for t in (s.total, s.norm)]).float())
-        # dead units per layer: units whose peak is 0, counted for all layers with one cumsum.
-        peaks = [s.unit_peak for _, s in act_items if s.unit_peak is not None]
-        if peaks:
-            ends = _index(tuple(accumulate(p.numel() for p in peaks)), device, offset=-1)
-            parts.append(torch.cat(peaks).float().eq(0).cumsum(0)[ends].float())
-        sat = [s.saturated for _, s in act_items if s.saturated is not None]
-        if sat:
-            parts.append(torch.stack(sat).float())
-    if grad_items:
-        flat = [g for _, gs in grad_items for g in gs]
-        owner = [k for k, (_, gs) in enumerate(grad_items) for _ in gs]
-        index = _index(tuple(owner), device)
-        sq = torch.zeros(len(grad_items), device=device).index_add_(0, index, torch.stack(_grad_norms(flat)).square())
-        parts.append(sq.sqrt())
-    host = torch.cat(parts).tolist()  # the one host transfer for this device and step
+def _pack(samples: list[tuple[int, ActivationSample]], device: torch.device) -> _Block:
+    """A constant number of kernels however many layers there are."""
+    sat = [s.saturated for _, s in samples if s.saturated is not None]
+    parts = [torch.stack([s.norm for _, s in samples] + sat)]
+    peaks = [s.unit_peak for _, s in samples if s.unit_peak is not None]
+    if peaks:  # dead units of all layers: units whose peak is 0, counted with one cumsum
+        flat = torch.cat(peaks) if len(peaks) > 1 else peaks[0]
+        parts.append(flat.eq(0).cumsum(0)[_ends(tuple(p.numel() for p in peaks), device)])
+    sat_pos = dead_pos = len(samples)
+    dead_pos += len(sat)
+    layout = []
+    for k, (index, s) in enumerate(samples):
+        dead = sat_at = None
+        units = 0
+        if s.unit_peak is not None:
+            dead, dead_pos, units = dead_pos, dead_pos + 1, s.unit_peak.numel()
+        if s.saturated is not None:
+            sat_at, sat_pos = sat_pos, sat_pos + 1
+        layout.append((index, s.numel, units, k, dead, sat_at))
+    return _Block(torch.cat(parts) if len(parts) > 1 else parts[0], layout)
+
+
+def _unpack(host: list[float], layout: list, acts: dict) -> None:
+    previous = 0.0
+    for index, numel, units, norm, dead, sat in layout:
+        count = numel or 1
+        dead_fraction = None
+        if dead is not None:  # cumulative dead counts: difference them
+            dead_fraction, previous = (host[dead] - previous) / (units or 1), host[dead]
+        acts[index] = ActivationStats(host[norm] / math.sqrt(count), dead_fraction,
+                                      None if sat is None else host[sat] / count, units)
+
+
+class StepBuffer:
+    """One step's activation samples (latest per layer, so gradient accumulation keeps the last
+    micro-batch), packed per device when the forward ends and moved to the host with the gradient
+    norms in one transfer at the optimizer step.
+
+    Outputs are reduced inside their hook while they are still in cache. Only tiny outputs (up to
+    :attr:`defer_bytes`), where a kernel launch costs more than its work, wait in a batch that one
+    ``torch._foreach_norm`` reduces (at the end of the forward, when the batch holds
+    :attr:`batch_bytes`, or at the step). A batched output may be changed by a later in-place op
+    (``ReLU(inplace=True)`` after a Linear): its version counter tells, that sample is dropped and
+    the layer is reduced inside its hook from then on (``in_place``).
+    """
+
+    defer_bytes = 16 * 1024
+    batch_bytes = 512 * 1024
+
+    def __init__(self) -> None:
+        self.samples: dict[int, ActivationSample | None] = {}
+        """Reduced, not yet packed; in the order the layers ran (batched ones are filled in by flush)."""
+        self.in_place: set[int] = set()
+        self.blocks: dict[torch.device, list[_Block]] = {}
+        self._batch: list[tuple[Probe, torch.Tensor, int]] = []
+        self._batch_bytes = 0
+
+    def add(self, probe: Probe, y: torch.Tensor) -> None:
+        """Take one layer output (called from its forward hook)."""
+        x = y.detach()
+        if torch.compiler.is_compiling() or probe.index in self.in_place:
+            self.samples[probe.index] = sample_activation(probe, x)
+            return
+        size = x.numel() * x.element_size()
+        if size > self.defer_bytes:
+            self.samples[probe.index] = sample_activation(probe, x)
+            return
+        self._batch.append((probe, x, x._version))
+        self.samples[probe.index] = None  # keeps the call order; set by _reduce_batch
+        self._batch_bytes += size
+        if self._batch_bytes >= self.batch_bytes:
+            self._reduce_batch()
+
+    def _reduce_batch(self) -> None:
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        kept = []
+        for item in batch:
+            if item[1]._version == item[2]:
+                kept.append(item)
+            else:
+                self.in_place.add(item[0].index)
+                if self.samples.get(item[0].index) is None:
+                    self.samples.pop(item[0].index, None)
+        norms = _foreach_norms([x for _, x, _ in kept])
+        samples = self.samples
+        for (probe, x, _), norm in zip(kept, norms):
+            samples[probe.index] = ActivationSample(norm, _unit_peak(probe, x), _saturated(probe, x), x.numel())
+
+    def flush(self) -> None:
+        """Reduce the batch and pack what this forward produced (the root's forward hook calls
+        this; ``gather`` does too). Afterwards no output of the step is referenced."""
+        if torch.compiler.is_compiling():
+            return
+        if self._batch:
+            self._reduce_batch()
+        if not self.samples:
+            return
+        samples, self.samples = self.samples, {}
+        by_device: dict[torch.device, list] = {}
+        for index, sample in samples.items():
+            if sample is not None:
+                device = sample.norm.device
+                by_device.setdefault(device, []).append((index, sample))
+        for device, items in by_device.items():
+            self.blocks.setdefault(device, []).append(_pack(items, device))
+
+    def clear(self) -> None:
+        self.samples.clear()
+        self.blocks.clear()
+        self._batch, self._batch_bytes = [], 0
+
+    @property
+    def pending(self) -> int:
+        """Outputs or statistics still held on the device for this step."""
+        return len(self._batch) + len(self.samples) + sum(len(b) for b in self.blocks.values())
+
+    def gather(self, grad_groups: Sequence[tuple[int, Sequence[torch.Tensor]]]
+               ) -> tuple[dict[int, ActivationStats], dict[int, GradientStats]]:
+        """Pack the gradient norms beside the activation blocks, transfer once per device, and
+        unpack to host floats. ``grad_groups`` is ``[(layer_index, [grad, ...]), ...]``."""
+        self.flush()
+        blocks, self.blocks = self.blocks, {}
+        grads_by_device: dict[torch.device, list] = {}
+        for index, grads in grad_groups:
+            grads_by_device.setdefault(grads[0].device, []).append((index, grads))
+        acts: dict[int, ActivationStats] = {}
+        grads_out: dict[int, GradientStats] = {}
+        for device in {**blocks, **grads_by_device}:
+            _gather_device(blocks.get(device, []), grads_by_device.get(device, []), acts, grads_out)
+        return acts, grads_out
+
+
+def _gather_device(blocks: list[_Block], grad_items: list, acts: dict, grads_out: dict) -> None:
+    flat = [g for _, gs in grad_items for g in gs]
+    parts = [b.vector for b in blocks]
+    if flat:
+        parts.append(torch.stack(_foreach_norms(flat)))
+    host = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one host transfer
     pos = 0
-    if act_items:
-        n = len(act_items)
-        dead_pos = 2 * n                                   # layout: sums | dead counts | saturated | grads
-        sat_pos = dead_pos + sum(s.unit_peak is not None for _, s in act_items)
-        pos = sat_pos + sum(s.saturated is not None for _, s in act_items)
-        previous = 0.0
-        for k, (index, sample) in enumerate(act_items):
-            count = max(sample.numel, 1)
-            mean, rms = host[2 * k] / count, host[2 * k + 1] / math.sqrt(count)
-            std = math.sqrt(max(rms * rms - mean * mean, 0.0)) if math.isfinite(rms) else math.nan
-            dead_fraction, units, saturated = None, 0, None
-            if sample.unit_peak is not None:             # cumulative dead counts: difference them
-                units = sample.unit_peak.numel()
-                dead_fraction = (host[dead_pos] - previous) / max(units, 1)
-                previous = host[dead_pos]
-                dead_pos += 1
-            if sample.saturated is not None:
-                saturated = host[sat_pos] / count
-                sat_pos += 1
-            acts[index] = ActivationStats(mean, std, rms, dead_fraction, saturated, units)
-    if grad_items:
-        n = len(grad_items)
-        for k, (index, gs) in enumerate(grad_items):
-            norm = host[pos + k]
-            grads_out[index] = GradientStats(norm, not math.isfinite(norm), len(gs))
+    for block in blocks:  # later blocks (later forwards of the step) overwrite earlier ones
+        size = block.vector.numel()
+        _unpack(host[pos:pos + size], block.layout, acts)
+        pos += size
+    for index, gs in grad_items:
+        if len(gs) == 1:
+            norm = host[pos]
+        else:  # the layer's norm from its tensors' norms: sqrt of the sum of squares
+            norm = math.sqrt(math.fsum(n * n for n in host[pos:pos + len(gs)]))
+        pos += len(gs)
+        grads_out[index] = GradientStats(norm, not math.isfinite(norm), len(gs))

@@ -55,12 +55,23 @@ class TransitionDetector:
     def states(self) -> dict[tuple[str, str], str]:
         return {key: t.confirmed for key, t in self._tracks.items()}
 
-    def observe(self, event_type: str, layer: str, step: int, verdict: Verdict) -> SemanticEvent | None:
-        track = self._tracks.setdefault((event_type, layer), _Track())
-        if verdict.state == track.confirmed:
+    def settled(self, event_type: str, layer: str, state: str) -> bool:
+        """Count an observation of the confirmed state (clearing any candidate) and say True; for
+        any other state say False: :meth:`observe` must judge it with its verdict."""
+        track = self._tracks.get((event_type, layer))
+        if track is None:
+            track = self._tracks[(event_type, layer)] = _Track()
+        if state != track.confirmed:
+            return False
+        if track.candidate is not None:
             track.candidate, track.margins = None, []
-            track.held += 1
+        track.held += 1
+        return True
+
+    def observe(self, event_type: str, layer: str, step: int, verdict: Verdict) -> SemanticEvent | None:
+        if self.settled(event_type, layer, verdict.state):
             return None
+        track = self._tracks[(event_type, layer)]
         if verdict.state != track.candidate:
             track.candidate, track.onset_step, track.margins = verdict.state, step, []
         track.margins.append(verdict.margin)

@@ -49,8 +49,7 @@ def test_gradient_saturated_needs_high_and_stable_norm():
 
 
 def act(rms=1.0, dead=0.0, sat=None, finite=True):
-    mean = rms if finite else math.nan
-    return ActivationStats(mean, 0.0, rms if finite else math.nan, dead, sat, 64)
+    return ActivationStats(rms if finite else math.nan, dead, sat, 64)
 
 
 def a_state(stats, current="NORMAL", baseline=None):

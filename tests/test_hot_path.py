@@ -59,7 +59,7 @@ def test_no_tensor_outlives_its_step():
             loss.backward()
             opt.step()
             del loss
-        assert dbg._buffer.activations == {}
+        assert dbg._buffer.pending == 0
     for h in handles:
         h.remove()
     gc.collect()
