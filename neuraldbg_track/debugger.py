@@ -16,7 +16,7 @@ from torch import nn
 
 from .delivery import delivery_summary, prepare_sink
 from .distributed import EventRelay
-from .classify import Baseline, NormWindow, activation_state, classify_activation, classify_gradient, gradient_state
+from .classify import ANOMALOUS, Baseline, NormWindow, activation_state, classify_activation, classify_gradient, gradient_state
 from .config import ConfigError, Thresholds, WatchConfig, thresholds_from
 from .events import EventType, SemanticEvent
 from .hooks import Gate, HookSet, Layer, select_layers
@@ -236,7 +236,8 @@ class NeuralDbg:
                 groups.append((layer.index, grads))
         acts, grads = self._buffer.gather(groups)
         if acts and not self.execution_order:  # hooks fire in forward order: the model's real layer order
-            self.execution_order = [self.layers[i].name for i in acts]
+            self.execution_order = [self.layers[i].name for i in self._buffer.order or acts]  # (compiled: acts)
+            self._buffer.record_order = False
         th, detector, layers = self.config.thresholds, self._detector, self.layers
         for index, stats in grads.items():
             name = layers[index].name
@@ -244,17 +245,18 @@ class NeuralDbg:
                 stats = recheck_nonfinite(stats, dict(groups)[index])
             window = self._windows[index]
             window.add(stats.norm)
-            current = detector.state(GRAD, name)
-            if not detector.settled(GRAD, name, gradient_state(stats, current, th, window)):
-                self._record(detector.observe(GRAD, name, step, classify_gradient(stats, current, th, window)))
+            track = detector.track(GRAD, name)
+            if not detector.settled(track, gradient_state(stats, track.confirmed, th, window)):
+                verdict = classify_gradient(stats, track.confirmed, th, window)
+                self._record(detector.observe(GRAD, name, step, verdict))
         for index, stats in acts.items():
             name = layers[index].name
             baseline = self._baselines[index]
-            current = detector.state(ACT, name)
-            state = activation_state(stats, current, th, baseline)
-            if not detector.settled(ACT, name, state):
-                self._record(detector.observe(ACT, name, step, classify_activation(stats, current, th, baseline)))
-            baseline.update(stats.rms, anomalous=state == "ANOMALOUS")
+            track = detector.track(ACT, name)
+            state = activation_state(stats, track.confirmed, th, baseline)
+            if not detector.settled(track, state):
+                self._record(detector.observe(ACT, name, step, classify_activation(stats, track.confirmed, th, baseline)))
+            baseline.update(stats.rms, anomalous=state == ANOMALOUS)
         for event in self._relay.exchange() if self._relay is not None else ():  # same calls on every rank
             self._record(event)
 

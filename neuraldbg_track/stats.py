@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from itertools import accumulate
 from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
@@ -186,74 +185,158 @@ def recheck_nonfinite(stats: GradientStats, grads: Sequence[torch.Tensor]) -> Gr
     return GradientStats(norm, not math.isfinite(norm), stats.parameters, 0)
 
 
+TINY = 4096
+"""Tensors of at most this many elements are reduced as one flattened batch: for them a kernel
+launch (~3-5 us on CPU, even inside ``_foreach_norm``) costs far more than the work."""
+
+
 class _Block(NamedTuple):
-    """Activation statistics of some layers packed into one vector on one device: [norms |
-    saturated counts | cumulative dead-unit counts]; ``layout`` has, per layer, (index, numel,
-    units, position of its norm, of its cumulative dead count, of its saturated count), None where
-    absent."""
+    """Statistics of some layers packed into one vector on one device: [a | saturated counts |
+    dead-unit counts], ``n`` values each, where ``a`` is the norm (``squared``: the sum of squares).
+    ``layout``: per layer (index, numel, units judged for deadness (0: none), saturation judged?)."""
 
     vector: torch.Tensor
-    layout: list[tuple[int, int, int, int, int | None, int | None]]
+    layout: list[tuple[int, int, int, bool]]
+    squared: bool
+
+
+@lru_cache(maxsize=256)
+def _segments(positions: tuple[int, ...], counts: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """For concatenated values: the segment each belongs to (``counts[k]`` values go to
+    ``positions[k]``). Layouts repeat every step, so each is built once."""
+    return torch.repeat_interleave(torch.tensor(positions, device=device), torch.tensor(counts, device=device))
+
+
+def _segment_sums(values: torch.Tensor, positions: tuple[int, ...], counts: tuple[int, ...], n: int,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Sums of consecutive runs of ``values`` into ``n`` slots (index_add: no cancellation)."""
+    if out is None:
+        out = torch.zeros(n, device=values.device, dtype=values.dtype)
+    return out.index_add_(0, _segments(positions, counts, values.device), values.to(out.dtype))
 
 
 @lru_cache(maxsize=64)
-def _ends(units: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """Where each layer's units end in the concatenated peaks; layouts repeat, so built once."""
-    return torch.tensor(list(accumulate(units)), device=device) - 1
+def _bounds_vectors(counts: tuple[int, ...], bounds: tuple, tolerance: tuple, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per element of a flattened batch: the middle of its layer's range and the half-width past
+    which an output counts as saturated (+inf for unbounded layers, which then count none)."""
+    mids, halves = [], []
+    for (low, high), tol in zip(bounds, tolerance):
+        if low is None:
+            mids.append(0.0)
+            halves.append(math.inf)
+        else:
+            mids.append((high + low) / 2)
+            halves.append((high - low) / 2 - tol * (high - low))
+    seg = _segments(tuple(range(len(counts))), counts, device)
+    return torch.tensor(mids, device=device)[seg], torch.tensor(halves, device=device)[seg]
+
+
+def _dead_counts(peaks: list[tuple[int, torch.Tensor]], n: int, device: torch.device, dtype: torch.dtype
+                 ) -> torch.Tensor:
+    """Units whose peak is exactly 0, per layer slot; ``peaks`` is [(slot, per-unit peaks)]."""
+    if not peaks:
+        return torch.zeros(n, device=device, dtype=dtype)
+    flat = torch.cat([p for _, p in peaks]) if len(peaks) > 1 else peaks[0][1]
+    counts = tuple(p.numel() for _, p in peaks)
+    return _segment_sums(flat.eq(0).to(dtype), tuple(k for k, _ in peaks), counts, n)
+
+
+@lru_cache(maxsize=8)
+def _zero(device: torch.device) -> torch.Tensor:
+    return torch.zeros((), device=device)
 
 
 def _pack(samples: list[tuple[int, ActivationSample]], device: torch.device) -> _Block:
-    """A constant number of kernels however many layers there are."""
-    sat = [s.saturated for _, s in samples if s.saturated is not None]
-    parts = [torch.stack([s.norm for _, s in samples] + sat)]
-    peaks = [s.unit_peak for _, s in samples if s.unit_peak is not None]
-    if peaks:  # dead units of all layers: units whose peak is 0, counted with one cumsum
-        flat = torch.cat(peaks) if len(peaks) > 1 else peaks[0]
-        parts.append(flat.eq(0).cumsum(0)[_ends(tuple(p.numel() for p in peaks), device)])
-    sat_pos = dead_pos = len(samples)
-    dead_pos += len(sat)
-    layout = []
-    for k, (index, s) in enumerate(samples):
-        dead = sat_at = None
-        units = 0
-        if s.unit_peak is not None:
-            dead, dead_pos, units = dead_pos, dead_pos + 1, s.unit_peak.numel()
-        if s.saturated is not None:
-            sat_at, sat_pos = sat_pos, sat_pos + 1
-        layout.append((index, s.numel, units, k, dead, sat_at))
-    return _Block(torch.cat(parts) if len(parts) > 1 else parts[0], layout)
+    """Samples reduced one layer at a time, packed with a constant number of kernels."""
+    zero = _zero(device)
+    scalars = torch.stack([s.norm for _, s in samples] + [zero if s.saturated is None else s.saturated
+                                                          for _, s in samples])
+    peaks = [(k, s.unit_peak) for k, (_, s) in enumerate(samples) if s.unit_peak is not None]
+    dead = _dead_counts(peaks, len(samples), device, scalars.dtype)
+    layout = [(i, s.numel, 0 if s.unit_peak is None else s.unit_peak.numel(), s.saturated is not None)
+              for i, s in samples]
+    return _Block(torch.cat([scalars, dead]), layout, squared=False)
 
 
-def _unpack(host: list[float], layout: list, acts: dict) -> None:
-    previous = 0.0
-    for index, numel, units, norm, dead, sat in layout:
+def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -> _Block:
+    """Many tiny outputs (one device and dtype) reduced together: one flattened copy, then segment
+    sums for squares and saturated counts; dead units from one ``amax`` per group of 2-D outputs
+    with the same batch size (one per output otherwise)."""
+    xs = [x for _, x in items]
+    flat = torch._C._nn.flatten_dense_tensors(xs) if len(xs) > 1 else xs[0].reshape(-1)
+    if flat.dtype in LOW_PRECISION:
+        flat = flat.float()
+    n = len(items)
+    counts = tuple(x.numel() for x in xs)
+    slots = tuple(range(n))
+    squares = _segment_sums(flat * flat, slots, counts, n)
+    if any(p.bounds is not None for p, _ in items):
+        mid, half = _bounds_vectors(counts, tuple(p.bounds or (None, None) for p, _ in items),
+                                    tuple(p.tolerance for p, _ in items), device)
+        saturated = _segment_sums(((flat - mid).abs() >= half).to(flat.dtype), slots, counts, n)
+    else:
+        saturated = torch.zeros(n, device=device, dtype=flat.dtype)
+    groups: dict[int, list[tuple[int, Probe, torch.Tensor]]] = {}
+    peaks: list[tuple[int, torch.Tensor]] = []
+    for k, (probe, x) in enumerate(items):
+        if not probe.dead_units:
+            continue
+        if x.dim() == 2 and not probe.channel_first:
+            groups.setdefault(x.shape[0], []).append((k, probe, x))
+        else:
+            peaks.append((k, _unit_peak(probe, x)))
+    for members in groups.values():  # (B, U1), (B, U2)... -> (B, U1+U2...) -> one amax over the batch
+        joined = torch.cat([x for _, _, x in members], dim=1)
+        if not all(p.nonnegative for _, p, _ in members):
+            joined = joined.abs()
+        peak = joined.amax(0)
+        start = 0
+        for k, _, x in members:
+            peaks.append((k, peak[start:start + x.shape[1]]))
+            start += x.shape[1]
+    dead = _dead_counts(peaks, n, device, flat.dtype)
+    layout = [(p.index, x.numel(), _units(p, x) if p.dead_units else 0, p.bounds is not None) for p, x in items]
+    return _Block(torch.cat([squares, saturated, dead]), layout, squared=True)
+
+
+def _units(probe: Probe, x: torch.Tensor) -> int:
+    ndim = x.dim()
+    if ndim <= 1:
+        return x.numel()
+    return x.shape[1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1]
+
+
+def _unpack(host: list[float], block: _Block, acts: dict) -> None:
+    n = len(block.layout)
+    for k, (index, numel, units, has_sat) in enumerate(block.layout):
         count = numel or 1
-        dead_fraction = None
-        if dead is not None:  # cumulative dead counts: difference them
-            dead_fraction, previous = (host[dead] - previous) / (units or 1), host[dead]
-        acts[index] = ActivationStats(host[norm] / math.sqrt(count), dead_fraction,
-                                      None if sat is None else host[sat] / count, units)
+        a = host[k]
+        rms = math.sqrt(a / count) if block.squared else a / math.sqrt(count)
+        acts[index] = ActivationStats(rms, host[2 * n + k] / units if units else None,
+                                      host[n + k] / count if has_sat else None, units)
 
 
 class StepBuffer:
-    """One step's activation samples (latest per layer, so gradient accumulation keeps the last
-    micro-batch), packed per device when the forward ends and moved to the host with the gradient
-    norms in one transfer at the optimizer step.
+    """One step's activation statistics (latest per layer, so gradient accumulation keeps the
+    last micro-batch), packed per device when the forward ends and moved to the host with the
+    gradient norms in one transfer at the optimizer step.
 
-    Outputs are reduced inside their hook while they are still in cache. Only tiny outputs (up to
-    :attr:`defer_bytes`), where a kernel launch costs more than its work, wait in a batch that one
-    ``torch._foreach_norm`` reduces (at the end of the forward, when the batch holds
+    Outputs are reduced inside their hook while they are still in cache. Tiny outputs (at most
+    :data:`TINY` elements), where a kernel launch costs more than its work, wait in a batch that is
+    reduced with a constant number of kernels (at the end of the forward, when it holds
     :attr:`batch_bytes`, or at the step). A batched output may be changed by a later in-place op
-    (``ReLU(inplace=True)`` after a Linear): its version counter tells, that sample is dropped and
+    (``ReLU(inplace=True)`` after a Linear): its version counter tells; that sample is dropped and
     the layer is reduced inside its hook from then on (``in_place``).
     """
 
-    defer_bytes = 16 * 1024
-    batch_bytes = 512 * 1024
+    batch_bytes = 1024 * 1024
 
     def __init__(self) -> None:
-        self.samples: dict[int, ActivationSample | None] = {}
-        """Reduced, not yet packed; in the order the layers ran (batched ones are filled in by flush)."""
+        self.samples: dict[int, ActivationSample] = {}
+        self.order: dict[int, None] = {}
+        """Layer indices in the order their hooks ran, recorded while ``record_order`` is set."""
+        self.record_order = True
         self.in_place: set[int] = set()
         self.blocks: dict[torch.device, list[_Block]] = {}
         self._batch: list[tuple[Probe, torch.Tensor, int]] = []
@@ -262,33 +345,29 @@ class StepBuffer:
     def add(self, probe: Probe, y: torch.Tensor) -> None:
         """Take one layer output (called from its forward hook)."""
         x = y.detach()
-        if torch.compiler.is_compiling() or probe.index in self.in_place:
+        if torch.compiler.is_compiling():
             self.samples[probe.index] = sample_activation(probe, x)
             return
-        size = x.numel() * x.element_size()
-        if size > self.defer_bytes:
+        if self.record_order:
+            self.order[probe.index] = None
+        if x.numel() > TINY or probe.index in self.in_place:
             self.samples[probe.index] = sample_activation(probe, x)
             return
         self._batch.append((probe, x, x._version))
-        self.samples[probe.index] = None  # keeps the call order; set by _reduce_batch
-        self._batch_bytes += size
+        self._batch_bytes += x.numel() * x.element_size()
         if self._batch_bytes >= self.batch_bytes:
             self._reduce_batch()
 
     def _reduce_batch(self) -> None:
         batch, self._batch, self._batch_bytes = self._batch, [], 0
-        kept = []
-        for item in batch:
-            if item[1]._version == item[2]:
-                kept.append(item)
+        groups: dict[tuple[torch.device, torch.dtype], list] = {}
+        for probe, x, version in batch:
+            if x._version != version:  # changed in place after its hook: wrong values, drop it
+                self.in_place.add(probe.index)
             else:
-                self.in_place.add(item[0].index)
-                if self.samples.get(item[0].index) is None:
-                    self.samples.pop(item[0].index, None)
-        norms = _foreach_norms([x for _, x, _ in kept])
-        samples = self.samples
-        for (probe, x, _), norm in zip(kept, norms):
-            samples[probe.index] = ActivationSample(norm, _unit_peak(probe, x), _saturated(probe, x), x.numel())
+                groups.setdefault((x.device, x.dtype), []).append((probe, x))
+        for (device, _), items in groups.items():
+            self.blocks.setdefault(device, []).append(_tiny_block(items, device))
 
     def flush(self) -> None:
         """Reduce the batch and pack what this forward produced (the root's forward hook calls
@@ -302,9 +381,7 @@ class StepBuffer:
         samples, self.samples = self.samples, {}
         by_device: dict[torch.device, list] = {}
         for index, sample in samples.items():
-            if sample is not None:
-                device = sample.norm.device
-                by_device.setdefault(device, []).append((index, sample))
+            by_device.setdefault(sample.norm.device, []).append((index, sample))
         for device, items in by_device.items():
             self.blocks.setdefault(device, []).append(_pack(items, device))
 
@@ -330,25 +407,47 @@ class StepBuffer:
         acts: dict[int, ActivationStats] = {}
         grads_out: dict[int, GradientStats] = {}
         for device in {**blocks, **grads_by_device}:
-            _gather_device(blocks.get(device, []), grads_by_device.get(device, []), acts, grads_out)
+            _gather_device(device, blocks.get(device, []), grads_by_device.get(device, []), acts, grads_out)
         return acts, grads_out
 
 
-def _gather_device(blocks: list[_Block], grad_items: list, acts: dict, grads_out: dict) -> None:
-    flat = [g for _, gs in grad_items for g in gs]
+def _gather_device(device: torch.device, blocks: list[_Block], grad_items: list, acts: dict, grads_out: dict) -> None:
+    """One vector: [blocks... | norms of large gradients | per-layer sums of squares of tiny ones]."""
     parts = [b.vector for b in blocks]
-    if flat:
-        parts.append(torch.stack(_foreach_norms(flat)))
+    large, owners = [], []
+    tiny: dict[torch.dtype, tuple[list, list]] = {}
+    for k, (_, gs) in enumerate(grad_items):
+        for g in gs:
+            if g.is_sparse or g.numel() > TINY:
+                large.append(g)
+                owners.append(k)
+            else:
+                group = tiny.setdefault(g.dtype, ([], []))
+                group[0].append(g)
+                group[1].append(k)
+    n = len(grad_items)
+    if large:
+        parts.append(torch.stack(_foreach_norms(large)).float())
+    if tiny:
+        squares = torch.zeros(n, device=device)
+        for grads, slots in tiny.values():
+            flat = torch._C._nn.flatten_dense_tensors(grads) if len(grads) > 1 else grads[0].reshape(-1)
+            if flat.dtype in LOW_PRECISION:
+                flat = flat.float()
+            _segment_sums(flat * flat, tuple(slots), tuple(g.numel() for g in grads), n, out=squares)
+        parts.append(squares)
     host = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one host transfer
     pos = 0
     for block in blocks:  # later blocks (later forwards of the step) overwrite earlier ones
-        size = block.vector.numel()
-        _unpack(host[pos:pos + size], block.layout, acts)
+        size = 3 * len(block.layout)
+        _unpack(host[pos:pos + size], block, acts)
         pos += size
-    for index, gs in grad_items:
-        if len(gs) == 1:
-            norm = host[pos]
-        else:  # the layer's norm from its tensors' norms: sqrt of the sum of squares
-            norm = math.sqrt(math.fsum(n * n for n in host[pos:pos + len(gs)]))
-        pos += len(gs)
+    square_sums = [0.0] * n
+    for k, norm in zip(owners, host[pos:pos + len(large)]):
+        square_sums[k] += norm * norm
+    if tiny:
+        tiny_sums = host[pos + len(large):pos + len(large) + n]
+        square_sums = [a + b for a, b in zip(square_sums, tiny_sums)]
+    for k, (index, gs) in enumerate(grad_items):
+        norm = math.sqrt(square_sums[k])
         grads_out[index] = GradientStats(norm, not math.isfinite(norm), len(gs))

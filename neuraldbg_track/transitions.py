@@ -41,6 +41,15 @@ def confidence(margins: list[float], scale: float, observations: int, exact: boo
     return round(min(max(margin_evidence * persistence, 0.0), 1.0), 4)
 
 
+def _settle(track: _Track, state: str) -> bool:
+    if state != track.confirmed:
+        return False
+    if track.candidate is not None:
+        track.candidate, track.margins = None, []
+    track.held += 1
+    return True
+
+
 class TransitionDetector:
     """Per (event type, layer): the confirmed state and the candidate that may replace it."""
 
@@ -55,23 +64,23 @@ class TransitionDetector:
     def states(self) -> dict[tuple[str, str], str]:
         return {key: t.confirmed for key, t in self._tracks.items()}
 
-    def settled(self, event_type: str, layer: str, state: str) -> bool:
-        """Count an observation of the confirmed state (clearing any candidate) and say True; for
-        any other state say False: :meth:`observe` must judge it with its verdict."""
+    def track(self, event_type: str, layer: str) -> _Track:
+        """The (event type, layer) track; callers on the hot path keep it and read ``confirmed``."""
         track = self._tracks.get((event_type, layer))
         if track is None:
             track = self._tracks[(event_type, layer)] = _Track()
-        if state != track.confirmed:
-            return False
-        if track.candidate is not None:
-            track.candidate, track.margins = None, []
-        track.held += 1
-        return True
+        return track
+
+    @staticmethod
+    def settled(track: _Track, state: str) -> bool:
+        """Count an observation of the confirmed state (clearing any candidate) and say True; for
+        any other state say False: :meth:`observe` must judge it with its verdict."""
+        return _settle(track, state)
 
     def observe(self, event_type: str, layer: str, step: int, verdict: Verdict) -> SemanticEvent | None:
-        if self.settled(event_type, layer, verdict.state):
+        track = self.track(event_type, layer)
+        if _settle(track, verdict.state):
             return None
-        track = self._tracks[(event_type, layer)]
         if verdict.state != track.candidate:
             track.candidate, track.onset_step, track.margins = verdict.state, step, []
         track.margins.append(verdict.margin)
