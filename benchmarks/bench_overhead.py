@@ -2,14 +2,17 @@
 """Per-step overhead of neuraldbg-track against the same loop without it, in one process.
 
 Every variant trains its own copy of the model; variants run interleaved in rounds (a block of
-steps each, order rotated every round) so machine noise hits all of them alike. The figure is the
-median step time over all measured steps, printed as a ratio to the plain loop of the same
-workload (compiled variants: to the compiled plain loop). Journal and console are off: this
-measures the extractor, not disk or terminal I/O.
+20 steps each, order rotated every round) so machine noise hits all of them alike. The figure is
+the median over blocks of the mean step time in a block, printed as a ratio to the plain loop of
+the same workload (compiled variants: to the compiled plain loop). Blocks of 20 steps hold two
+observed steps of an every-10 variant, so its figure is the amortised cost users pay (a median of
+single steps would only see the unobserved ones). The median single step is printed too. Journal
+and console are off: this measures the extractor, not disk or terminal I/O.
 
     .venv/bin/python benchmarks/bench_overhead.py                 # MLP-20, CNN, transformer, naive reference
     .venv/bin/python benchmarks/bench_overhead.py --scaling       # MLPs of ~20, 100, 400, 1000 modules
     .venv/bin/python benchmarks/bench_overhead.py --compile --wandb --memory
+    .venv/bin/python benchmarks/bench_overhead.py --rss          # peak RSS, each variant in its own process
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -109,6 +114,7 @@ class Variant:
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
         self.x, self.y = make_data()
         self.times: list[float] = []
+        self.blocks: list[float] = []
         self.log: Callable[[torch.Tensor], None] | None = None
         if mode == "neuraldbg":
             stack.enter_context(NeuralDbg(self.model, self.opt, console=False, journal=False, **dbg_kw))
@@ -124,6 +130,7 @@ class Variant:
         self.forward = torch.compile(self.model) if compile_ else self.model
 
     def run(self, steps: int, record: bool) -> None:
+        start = len(self.times)
         for _ in range(steps):
             t0 = time.perf_counter()
             loss = nn.functional.mse_loss(self.forward(self.x), self.y)
@@ -134,24 +141,27 @@ class Variant:
                 self.log(loss.detach())
             if record:
                 self.times.append(time.perf_counter() - t0)
+        if record:
+            self.blocks.append(statistics.fmean(self.times[start:]))
 
 
-def measure(variants: list[Variant], rounds: int, block: int, warmup: int) -> dict[str, float]:
+def measure(variants: list[Variant], rounds: int, block: int, warmup: int) -> dict[str, tuple[float, float]]:
+    """Per variant: (median of block means, median single step)."""
     for v in variants:
         v.run(warmup, record=False)
     for r in range(rounds):
         k = r % len(variants)
         for v in variants[k:] + variants[:k]:
             v.run(block, record=True)
-    return {v.name: statistics.median(v.times) for v in variants}
+    return {v.name: (statistics.median(v.blocks), statistics.median(v.times)) for v in variants}
 
 
-def report(title: str, medians: dict[str, float], baselines: dict[str, str]) -> None:
+def report(title: str, figures: dict[str, tuple[float, float]], baselines: dict[str, str]) -> None:
     print(f"\n{title}")
-    print(f"  {'variant':<34}{'median ms':>10}{'ratio':>8}")
-    for name, med in medians.items():
-        base = medians[baselines.get(name, "plain")]
-        print(f"  {name:<34}{med * 1e3:>10.3f}{med / base:>8.3f}")
+    print(f"  {'variant':<34}{'ms/step':>9}{'ratio':>8}{'median step ratio':>19}")
+    for name, (per_step, single) in figures.items():
+        base, base_single = figures[baselines.get(name, "plain")]
+        print(f"  {name:<34}{per_step * 1e3:>9.3f}{per_step / base:>8.3f}{single / base_single:>19.3f}")
 
 
 def run_workload(title, make_model, make_data, args, naive=True) -> None:
@@ -190,26 +200,71 @@ def memory_check(steps: int) -> None:
           f"{len(dbg.events)} events kept, {dbg.dropped_events} dropped; peak RSS {peak_rss_mb():.0f} MB")
 
 
+def rss_child(variant: str, steps: int) -> None:
+    """One variant alone in this process: train the MLP-20, print the peak RSS (and CUDA peak)."""
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = mlp(20).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    x, y = torch.randn(64, 256, device=device), torch.randn(64, 256, device=device)
+    with ExitStack() as stack:
+        if variant == "neuraldbg":
+            stack.enter_context(NeuralDbg(model, opt, console=False, journal=False))
+        for _ in range(steps):
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    cuda = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else float("nan")
+    print(f"{peak_rss_mb():.1f} {cuda:.1f}")
+
+
+def rss_check(steps: int = 500, repeats: int = 3) -> None:
+    """Peak RSS of plain vs extractor, each in a fresh process (ru_maxrss is per process)."""
+    peaks: dict[str, list[tuple[float, float]]] = {"plain": [], "neuraldbg": []}
+    for _ in range(repeats):
+        for variant in peaks:
+            out = subprocess.run([sys.executable, __file__, "--rss-child", variant, "--steps", str(steps)],
+                                 capture_output=True, text=True, check=True).stdout.split()
+            peaks[variant].append((float(out[0]), float(out[1])))
+    rss = {v: statistics.median(p[0] for p in ps) for v, ps in peaks.items()}
+    cuda = {v: statistics.median(p[1] for p in ps) for v, ps in peaks.items()}
+    print(f"\npeak RSS, MLP-20, {steps} steps, median of {repeats} fresh processes: plain {rss['plain']:.1f} MB, "
+          f"neuraldbg every step {rss['neuraldbg']:.1f} MB, ratio {rss['neuraldbg'] / rss['plain']:.3f}")
+    if cuda["plain"] == cuda["plain"]:  # not NaN: a CUDA device was used
+        print(f"peak CUDA memory allocated: plain {cuda['plain']:.1f} MB, neuraldbg {cuda['neuraldbg']:.1f} MB, "
+              f"ratio {cuda['neuraldbg'] / cuda['plain']:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--block", type=int, default=15)
+    ap.add_argument("--block", type=int, default=20, help="steps per block (a multiple of 10)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--only", default="", help="run workloads whose title contains this text")
     ap.add_argument("--scaling", action="store_true", help="the MLP scaling series instead")
     ap.add_argument("--compile", action="store_true", help="add torch.compile variants (slow to warm up)")
     ap.add_argument("--wandb", action="store_true", help="add wandb.watch(log='gradients', log_freq=1), offline")
     ap.add_argument("--memory", action="store_true", help="add the event-store / RSS check")
+    ap.add_argument("--rss", action="store_true", help="peak RSS (and CUDA memory) with and without, per process")
+    ap.add_argument("--rss-child", choices=("plain", "neuraldbg"), help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=500, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rss_child:
+        return rss_child(args.rss_child, args.steps)
     os.environ.setdefault("WANDB_SILENT", "true")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs; {args.rounds} rounds x {args.block} steps per variant, medians")
     workloads = scaling_workloads() if args.scaling else WORKLOADS
+    if args.rss and not args.only:
+        workloads = {}
     for title, (make_model, make_data) in workloads.items():
         if args.only in title:
             run_workload(title, make_model, make_data, args, naive=not args.scaling)
     if args.memory:
         memory_check(20_000)
+    if args.rss:
+        rss_check()
 
 
 if __name__ == "__main__":

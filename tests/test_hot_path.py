@@ -64,3 +64,22 @@ def test_no_tensor_outlives_its_step():
         h.remove()
     gc.collect()
     assert len(refs) == 15 and all(r() is None for r in refs)
+
+
+def test_outputs_are_released_when_the_forward_ends():
+    """Tiny outputs wait in a batch during the forward; the root's hook reduces and packs them, so
+    backward never runs with extra references to activations."""
+    model = mlp([16, 32, 32, 1])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with NeuralDbg(model, opt, console=False, journal=False) as dbg:
+        held = []
+        reduce_batch = dbg._buffer._reduce_batch
+        dbg._buffer._reduce_batch = lambda: (held.append(len(dbg._buffer._batch)), reduce_batch())
+        out = model(torch.randn(64, 16))
+        assert held == [5]                           # all five outputs were batched (tiny)...
+        assert dbg._buffer._batch == [] and dbg._buffer.samples == {}  # ...and released at the end
+        # stacked by shape and kind: the two (64, 32) Linear outputs, the two ReLU outputs, the (64, 1) head
+        assert [len(b.layout) for b in dbg._buffer.blocks[torch.device("cpu")]] == [2, 2, 1]
+        out.sum().backward()
+        opt.step()
+        assert dbg._buffer.pending == 0
