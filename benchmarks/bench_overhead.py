@@ -120,6 +120,12 @@ class Variant:
             stack.enter_context(NeuralDbg(self.model, self.opt, console=False, journal=False, **dbg_kw))
         elif mode == "naive":
             attach_naive(self.model, stack)
+        elif mode == "floor":  # the least any exact per-layer gradient statistic costs: reading every gradient once
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            handle = self.opt.register_step_pre_hook(
+                lambda *_: torch.stack(torch._foreach_norm([p.grad for p in params if p.grad is not None])).tolist()
+                and None)
+            stack.callback(handle.remove)
         elif mode == "wandb":
             import wandb
             run = wandb.init(mode="offline", dir=stack.enter_context(tempfile.TemporaryDirectory()),
@@ -170,6 +176,7 @@ def run_workload(title, make_model, make_data, args, naive=True) -> None:
                  ("neuraldbg every 10 steps", "neuraldbg", {"every_n_steps": 10})]
         if naive:
             specs.append(("naive .item() + backward hooks", "naive", {}))
+            specs.append(("floor: read all gradients once", "floor", {}))
         if args.wandb:
             specs.append(("wandb.watch gradients, log_freq=1", "wandb", {}))
         variants = [Variant(n, make_model, make_data, stack, mode, **kw) for n, mode, kw in specs]

@@ -99,7 +99,7 @@ class Probe(NamedTuple):
 class ActivationSample(NamedTuple):
     """Device tensors reduced from one output (nothing here is on the host)."""
 
-    norm: torch.Tensor              # () L2 norm of the outputs
+    square: torch.Tensor            # () sum of squares of the outputs (RMS follows; NaN/Inf poison it)
     unit_peak: torch.Tensor | None  # (units,) max |output| per unit: 0 means the unit never fired
     saturated: torch.Tensor | None  # () outputs at the bounds
     numel: int
@@ -151,11 +151,22 @@ def _norm(x: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm(x, dtype=torch.float32 if x.dtype in LOW_PRECISION else None)
 
 
+def _sum_of_squares(x: torch.Tensor) -> torch.Tensor:
+    """``dot(x, x)`` (BLAS) where it applies: on CPU ~3x faster than ``vector_norm`` on large
+    tensors and no slower on small ones; half precision and non-contiguous tensors take the norm
+    (in float32) and square it."""
+    if (x.dtype is torch.float32 or x.dtype is torch.float64) and x.is_contiguous():
+        flat = x.view(-1)
+        return torch.dot(flat, flat)
+    norm = _norm(x)
+    return norm * norm
+
+
 def sample_activation(probe: Probe, x: torch.Tensor) -> ActivationSample:
     """Reduce one detached output on its device: one norm kernel (per unit where dead units are
     judged), plus a count at the bounds for bounded activations; no Welford ``std_mean``, which
     costs ~30x more on CPU. Shapes are static, so under ``torch.compile`` this adds no graph break."""
-    return ActivationSample(_norm(x), _unit_peak(probe, x), _saturated(probe, x), x.numel())
+    return ActivationSample(_sum_of_squares(x), _unit_peak(probe, x), _saturated(probe, x), x.numel())
 
 
 def _foreach_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -202,12 +213,11 @@ launch (~3-5 us on CPU, even inside ``_foreach_norm``) costs far more than the w
 
 class _Block(NamedTuple):
     """Statistics of some layers packed into one vector on one device: [a | saturated counts |
-    dead-unit counts], ``n`` values each, where ``a`` is the norm (``squared``: the sum of squares).
+    dead-unit counts], ``n`` values each, where ``a`` is the sum of squares.
     ``layout``: per layer (index, numel, units judged for deadness (0: none), saturation judged?)."""
 
     vector: torch.Tensor
     layout: list[tuple[int, int, int, bool]]
-    squared: bool
 
 
 def _dead_counts(peaks: list[tuple[int, torch.Tensor]], n: int, device: torch.device, dtype: torch.dtype
@@ -236,13 +246,13 @@ def _zero(device: torch.device) -> torch.Tensor:
 def _pack(samples: list[tuple[int, ActivationSample]], device: torch.device) -> _Block:
     """Samples reduced one layer at a time, packed with a constant number of kernels."""
     zero = _zero(device)
-    scalars = torch.stack([s.norm for _, s in samples] + [zero if s.saturated is None else s.saturated
+    scalars = torch.stack([s.square for _, s in samples] + [zero if s.saturated is None else s.saturated
                                                           for _, s in samples])
     peaks = [(k, s.unit_peak) for k, (_, s) in enumerate(samples) if s.unit_peak is not None]
     dead = _dead_counts(peaks, len(samples), device, scalars.dtype)
     layout = [(i, s.numel, 0 if s.unit_peak is None else s.unit_peak.numel(), s.saturated is not None)
               for i, s in samples]
-    return _Block(torch.cat([scalars, dead]), layout, squared=False)
+    return _Block(torch.cat([scalars, dead]), layout)
 
 
 def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -> _Block:
@@ -274,7 +284,7 @@ def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -
         units = peaks.shape[1]
         dead = peaks.eq(0).sum(1, dtype=squares.dtype)
     layout = [(p.index, x.numel(), units, p.bounds is not None) for p, x in items]
-    return _Block(torch.cat([squares, saturated, dead]), layout, squared=True)
+    return _Block(torch.cat([squares, saturated, dead]), layout)
 
 
 def _units(probe: Probe, x: torch.Tensor) -> int:
@@ -289,7 +299,7 @@ def _unpack(host: list[float], block: _Block, acts: dict) -> None:
     for k, (index, numel, units, has_sat) in enumerate(block.layout):
         count = numel or 1
         a = host[k]
-        rms = math.sqrt(a / count) if block.squared else a / math.sqrt(count)
+        rms = math.sqrt(a / count)
         acts[index] = ActivationStats(rms, host[2 * n + k] / units if units else None,
                                       host[n + k] / count if has_sat else None, units)
 
@@ -360,7 +370,7 @@ class StepBuffer:
         samples, self.samples = self.samples, {}
         by_device: dict[torch.device, list] = {}
         for index, sample in samples.items():
-            by_device.setdefault(sample.norm.device, []).append((index, sample))
+            by_device.setdefault(sample.square.device, []).append((index, sample))
         for device, items in by_device.items():
             self.blocks.setdefault(device, []).append(_pack(items, device))
 
@@ -391,8 +401,8 @@ class StepBuffer:
 
 
 def _gather_device(device: torch.device, blocks: list[_Block], grad_items: list, acts: dict, grads_out: dict) -> None:
-    """One vector: [blocks... | norms of large gradients | sums of squares of tiny ones, stacked
-    by shape]; the host combines each layer's tensors."""
+    """One vector: [blocks... | large gradients: sums of squares (CPU) or norms | sums of squares
+    of tiny ones, stacked by shape]; the host combines each layer's tensors."""
     parts = [b.vector for b in blocks]
     large, owners = [], []
     tiny: dict[tuple, tuple[list, list]] = {}
@@ -405,8 +415,11 @@ def _gather_device(device: torch.device, blocks: list[_Block], grad_items: list,
                 group = tiny.setdefault((g.shape, g.dtype), ([], []))
                 group[0].append(g)
                 group[1].append(k)
+    squared_large = device.type == "cpu"  # CPU: one BLAS dot per tensor; elsewhere one fused foreach launch
     if large:
-        parts.append(torch.stack(_foreach_norms(large)).float())
+        reduced = [_sum_of_squares(g) if not g.is_sparse else _norm(g.coalesce().values()) ** 2 for g in large] \
+            if squared_large else _foreach_norms(large)
+        parts.append(torch.stack(reduced).float())
     for grads, slots in tiny.values():
         stacked = torch.stack(grads)
         if stacked.dtype in LOW_PRECISION:
@@ -421,8 +434,8 @@ def _gather_device(device: torch.device, blocks: list[_Block], grad_items: list,
         pos += size
     square_sums = [0.0] * len(grad_items)
     values = host[pos:]
-    for k, norm in zip(owners[:len(large)], values):
-        square_sums[k] += norm * norm
+    for k, value in zip(owners[:len(large)], values):
+        square_sums[k] += value if squared_large else value * value
     for k, square in zip(owners[len(large):], values[len(large):]):
         square_sums[k] += square
     for k, (index, gs) in enumerate(grad_items):
