@@ -212,12 +212,12 @@ launch (~3-5 us on CPU, even inside ``_foreach_norm``) costs far more than the w
 
 
 class _Block(NamedTuple):
-    """Statistics of some layers packed into one vector on one device: [a | saturated counts |
-    dead-unit counts], ``n`` values each, where ``a`` is the sum of squares.
-    ``layout``: per layer (index, numel, units judged for deadness (0: none), saturation judged?)."""
+    """Statistics of some layers packed into one vector on one device: [sums of squares (n) |
+    dead-unit counts (n) | saturated counts (one per bounded layer)]. ``layout``: per layer (index,
+    numel, units judged for deadness (0: none), position of its saturated count or -1)."""
 
     vector: torch.Tensor
-    layout: list[tuple[int, int, int, bool]]
+    layout: list[tuple[int, int, int, int]]
 
 
 def _dead_counts(peaks: list[tuple[int, torch.Tensor]], n: int, device: torch.device, dtype: torch.dtype
@@ -238,21 +238,21 @@ def _slots(positions: tuple[int, ...], counts: tuple[int, ...], device: torch.de
     return torch.repeat_interleave(torch.tensor(positions, device=device), torch.tensor(counts, device=device))
 
 
-@lru_cache(maxsize=8)
-def _zero(device: torch.device) -> torch.Tensor:
-    return torch.zeros((), device=device)
-
-
 def _pack(samples: list[tuple[int, ActivationSample]], device: torch.device) -> _Block:
     """Samples reduced one layer at a time, packed with a constant number of kernels."""
-    zero = _zero(device)
-    scalars = torch.stack([s.square for _, s in samples] + [zero if s.saturated is None else s.saturated
-                                                          for _, s in samples])
+    n = len(samples)
+    sat = [s.saturated for _, s in samples if s.saturated is not None]
+    squares = torch.stack([s.square for _, s in samples])
     peaks = [(k, s.unit_peak) for k, (_, s) in enumerate(samples) if s.unit_peak is not None]
-    dead = _dead_counts(peaks, len(samples), device, scalars.dtype)
-    layout = [(i, s.numel, 0 if s.unit_peak is None else s.unit_peak.numel(), s.saturated is not None)
-              for i, s in samples]
-    return _Block(torch.cat([scalars, dead]), layout)
+    parts = [squares, _dead_counts(peaks, n, device, squares.dtype)]
+    if sat:
+        parts.append(torch.stack(sat).to(squares.dtype))
+    layout, sat_pos = [], 2 * n
+    for i, s in samples:
+        layout.append((i, s.numel, 0 if s.unit_peak is None else s.unit_peak.numel(),
+                       -1 if s.saturated is None else sat_pos))
+        sat_pos += s.saturated is not None
+    return _Block(torch.cat(parts), layout)
 
 
 def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -> _Block:
@@ -266,8 +266,7 @@ def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -
     m, ndim = len(items), stacked.dim()
     every = tuple(range(1, ndim))
     squares = (stacked * stacked).sum(every)
-    zeros = torch.zeros(m, device=device, dtype=squares.dtype)
-    saturated = dead = zeros
+    parts = [squares]
     units = 0
     if probe.bounds is not None:
         low, high = probe.bounds
@@ -282,9 +281,14 @@ def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -
             unit = 1 + (1 if (ndim - 1 >= 4 or (ndim - 1 == 3 and probe.channel_first)) else ndim - 2)
             peaks = magnitude.amax(dim=tuple(d for d in every if d != unit))
         units = peaks.shape[1]
-        dead = peaks.eq(0).sum(1, dtype=squares.dtype)
-    layout = [(p.index, x.numel(), units, p.bounds is not None) for p, x in items]
-    return _Block(torch.cat([squares, saturated, dead]), layout)
+        parts.append(peaks.eq(0).sum(1, dtype=squares.dtype))
+    else:
+        parts.append(torch.zeros(m, device=device, dtype=squares.dtype))
+    if probe.bounds is not None:
+        parts.append(saturated)
+    layout = [(p.index, x.numel(), units, 2 * m + j if probe.bounds is not None else -1)
+              for j, (p, x) in enumerate(items)]
+    return _Block(torch.cat(parts), layout)
 
 
 def _units(probe: Probe, x: torch.Tensor) -> int:
@@ -296,12 +300,10 @@ def _units(probe: Probe, x: torch.Tensor) -> int:
 
 def _unpack(host: list[float], block: _Block, acts: dict) -> None:
     n = len(block.layout)
-    for k, (index, numel, units, has_sat) in enumerate(block.layout):
+    for k, (index, numel, units, sat) in enumerate(block.layout):
         count = numel or 1
-        a = host[k]
-        rms = math.sqrt(a / count)
-        acts[index] = ActivationStats(rms, host[2 * n + k] / units if units else None,
-                                      host[n + k] / count if has_sat else None, units)
+        acts[index] = ActivationStats(math.sqrt(host[k] / count), host[n + k] / units if units else None,
+                                      host[sat] / count if sat >= 0 else None, units)
 
 
 class StepBuffer:
@@ -429,7 +431,7 @@ def _gather_device(device: torch.device, blocks: list[_Block], grad_items: list,
     host = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the one host transfer
     pos = 0
     for block in blocks:  # later blocks (later forwards of the step) overwrite earlier ones
-        size = 3 * len(block.layout)
+        size = block.vector.numel()
         _unpack(host[pos:pos + size], block, acts)
         pos += size
     square_sums = [0.0] * len(grad_items)
