@@ -57,6 +57,7 @@ AFFINE = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.Embe
 CHANNEL_FIRST = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm,
                  nn.modules.instancenorm._InstanceNorm, nn.GroupNorm)
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+_is_compiling = torch.compiler.is_compiling  # bound once: called on every hook; dynamo still sees through it
 
 
 def output_bounds(module: nn.Module) -> tuple[float, float] | None:
@@ -334,7 +335,7 @@ class StepBuffer:
     def add(self, probe: Probe, y: torch.Tensor) -> None:
         """Take one layer output (called from its forward hook)."""
         x = y.detach()
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             self.samples[probe.index] = sample_activation(probe, x)
             return
         if self.record_order:
@@ -354,9 +355,8 @@ class StepBuffer:
             if x._version != version:  # changed in place after its hook: wrong values, drop it
                 self.in_place.add(probe.index)
             else:  # stackable together, and reduced the same way
-                key = (x.shape, x.dtype, x.device, probe.dead_units, probe.nonnegative, probe.channel_first,
-                       probe.bounds, probe.tolerance)
-                groups.setdefault(key, []).append((probe, x))
+                # probe[1:]: all but the layer index, i.e. how the output is reduced
+                groups.setdefault((x.shape, x.dtype, x.device, probe[1:]), []).append((probe, x))
         for (_, _, device, *_), items in groups.items():
             self.blocks.setdefault(device, []).append(_tiny_block(items, device))
 
