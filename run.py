@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""One entry point that sets itself up: ``python3 run.py demo`` or ``python3 run.py test``.
+"""One entry point that sets itself up: ``python3 run.py demo``, ``python3 run.py test`` or
+``python3 run.py bench`` (the overhead benchmark, ``benchmarks/bench_overhead.py``).
 
 Creates ``.venv`` beside this file on first use, installs the CPU build of torch when no torch is
 importable there (``torch==2.13.0`` by default, which avoids a multi-GB CUDA download; set
@@ -51,7 +52,8 @@ def setup() -> None:
 
 
 def main(argv: list[str]) -> int:
-    commands = {"demo": [str(ROOT / "examples" / "train.py")], "test": ["-m", "pytest"]}
+    commands = {"demo": [str(ROOT / "examples" / "train.py")], "test": ["-m", "pytest"],
+                "bench": [str(ROOT / "benchmarks" / "bench_overhead.py")]}
     if not argv or argv[0] not in commands:
         print(f"usage: python3 run.py {{{'|'.join(commands)}}} [args...]", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ and console are off: this measures the extractor, not disk or terminal I/O.
     .venv/bin/python benchmarks/bench_overhead.py --scaling       # MLPs of ~20, 100, 400, 1000 modules
     .venv/bin/python benchmarks/bench_overhead.py --compile --wandb --memory
     .venv/bin/python benchmarks/bench_overhead.py --rss          # peak RSS, each variant in its own process
+    python3 run.py bench --all                                    # all of the above (sets up .venv first)
 """
 from __future__ import annotations
 
@@ -185,7 +186,12 @@ def run_workload(title, make_model, make_data, args, naive=True) -> None:
             variants += [Variant("compiled plain", make_model, make_data, stack, "plain", compile_=True),
                          Variant("compiled + neuraldbg", make_model, make_data, stack, "neuraldbg", compile_=True)]
             baselines = {"compiled plain": "compiled plain", "compiled + neuraldbg": "compiled plain"}
-        report(title, measure(variants, args.rounds, args.block, args.warmup), baselines)
+        figures = measure(variants, args.rounds, args.block, args.warmup)
+        report(title, figures, baselines)
+        modules = sum(1 for m in variants[0].model.modules() if next(m.children(), None) is None)
+        extra = figures["neuraldbg every step"][0] - figures["plain"][0]
+        print(f"  every step: +{extra * 1e3:.3f} ms per step over {modules} leaf modules = "
+              f"{extra * 1e6 / modules:.1f} us per module")
 
 
 def peak_rss_mb() -> float:
@@ -254,20 +260,30 @@ def main() -> None:
     ap.add_argument("--wandb", action="store_true", help="add wandb.watch(log='gradients', log_freq=1), offline")
     ap.add_argument("--memory", action="store_true", help="add the event-store / RSS check")
     ap.add_argument("--rss", action="store_true", help="peak RSS (and CUDA memory) with and without, per process")
+    ap.add_argument("--all", action="store_true", help="everything: workloads with --compile --wandb, then "
+                    "--scaling, --memory and --rss (the README table; ~25 min on 2 CPU cores)")
     ap.add_argument("--rss-child", choices=("plain", "neuraldbg"), help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=500, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rss_child:
         return rss_child(args.rss_child, args.steps)
+    if args.all:
+        args.compile = args.wandb = args.memory = args.rss = True
     os.environ.setdefault("WANDB_SILENT", "true")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs; {args.rounds} rounds x {args.block} steps per variant, medians")
-    workloads = scaling_workloads() if args.scaling else WORKLOADS
-    if args.rss and not args.only:
-        workloads = {}
+    if args.rss and not args.all and not args.only:
+        workloads: dict = {}  # --rss alone: only the per-process memory figures
+    else:
+        workloads = {} if args.scaling and not args.all else dict(WORKLOADS)
     for title, (make_model, make_data) in workloads.items():
         if args.only in title:
-            run_workload(title, make_model, make_data, args, naive=not args.scaling)
+            run_workload(title, make_model, make_data, args)
+    if args.scaling or args.all:
+        plain_args = argparse.Namespace(**{**vars(args), "compile": False, "wandb": False})
+        for title, (make_model, make_data) in scaling_workloads().items():
+            if args.only in title:
+                run_workload(title, make_model, make_data, plain_args, naive=False)
     if args.memory:
         memory_check(20_000)
     if args.rss:

@@ -236,7 +236,8 @@ def _dead_counts(peaks: list[tuple[int, torch.Tensor]], n: int, device: torch.de
 def _slots(positions: tuple[int, ...], counts: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """For concatenated per-unit values: the layer slot of each (``counts[k]`` values go to
     ``positions[k]``). Layouts repeat every step, so each is built once."""
-    return torch.repeat_interleave(torch.tensor(positions, device=device), torch.tensor(counts, device=device))
+    # built on the host and copied: repeat_interleave on an accelerator reads the output size back (a sync)
+    return torch.repeat_interleave(torch.tensor(positions), torch.tensor(counts)).to(device)
 
 
 def _pack(samples: list[tuple[int, ActivationSample]], device: torch.device) -> _Block:
