@@ -64,6 +64,7 @@ def observe_one_step(model, x, monkeypatch=None):
         dbg._buffer.gather = spy
         model(x).pow(2).mean().backward()
         opt.step()
+        captured["order"] = dbg.execution_order
     for h in handles:
         h.remove()
     return captured, truth
@@ -77,6 +78,8 @@ def test_activation_and_gradient_statistics_match_a_direct_computation(width, ti
     assert (4 * width <= stats_module.TINY) == tiny  # the parametrisation really covers both paths
     captured, truth = observe_one_step(model, x)
     assert set(captured["acts"]) == set(truth)
+    # the forward order, although tiny outputs are reduced after the large ones
+    assert captured["order"] == ["fc1", "relu", "fc2", "tanh", "seq", "gelu", "head"]
     for name, (module, y) in truth.items():
         got = captured["acts"][name]
         rms, dead, sat = expected_activation(module, y)
