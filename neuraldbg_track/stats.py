@@ -48,11 +48,14 @@ PASS_THROUGH = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3
                 nn.Flatten, nn.Unflatten)
 # Modules whose outputs are never negative, so the per-unit peak needs no abs().
 NONNEGATIVE = (nn.ReLU, nn.ReLU6, nn.Sigmoid, nn.Hardsigmoid, nn.Softplus, nn.Softmax)
-# Affine and normalising layers: an exactly-zero output unit there means zero weights, not a dead
-# unit, so their outputs are not scanned for dead units (one kernel less per hook).
+# Affine, normalising and pooling layers: an exactly-zero output unit there means zero weights or a
+# dead unit upstream (judged where it dies), not a dead unit of their own, so their outputs are not
+# scanned for dead units (one or two kernels less per hook).
 AFFINE = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.Embedding, nn.EmbeddingBag,
           nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", nn.LayerNorm),
-          nn.modules.rnn.RNNBase, nn.MultiheadAttention)  # attention ends in its out_proj (a Linear)
+          nn.modules.rnn.RNNBase, nn.MultiheadAttention,  # attention ends in its out_proj (a Linear)
+          nn.modules.pooling._MaxPoolNd, nn.modules.pooling._AvgPoolNd, nn.modules.pooling._AdaptiveAvgPoolNd,
+          nn.modules.pooling._AdaptiveMaxPoolNd)
 # Modules whose dim 1 is the channel (unit) axis even for 3-D outputs.
 CHANNEL_FIRST = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm,
                  nn.modules.instancenorm._InstanceNorm, nn.GroupNorm)
