@@ -147,3 +147,37 @@ def test_fast_path_emits_exactly_the_events_of_the_full_classification():
         return [e.to_dict() for e in dbg.events]
     fast = run(False)
     assert fast and fast == run(True)
+
+
+class Transposed(nn.Module):
+    def forward(self, x):
+        return x.t()  # a non-contiguous output: no BLAS dot, the norm path
+
+
+@pytest.mark.parametrize("width", [16, 2048], ids=["batched-tiny", "in-hook"])
+def test_half_precision_and_non_contiguous_outputs(width):
+    """bfloat16 outputs are reduced in float32; a non-contiguous output takes the norm path."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, width), nn.ReLU(), Transposed(), nn.Tanh()).to(torch.bfloat16)
+    captured, truth = observe_one_step(model, torch.randn(4, 8, dtype=torch.bfloat16))
+    for name, (module, y) in truth.items():
+        expected = y.double().pow(2).mean().sqrt().item()
+        assert captured["acts"][name].rms == pytest.approx(expected, rel=1e-3), name
+    assert not truth["2"][1].is_contiguous()
+
+
+def test_sparse_embedding_gradient_norm():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(100, 8, sparse=True), nn.Flatten(), nn.Linear(24, 1))
+    x = torch.randint(0, 100, (4, 3))
+    captured = {}
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with NeuralDbg(model, opt, console=False, journal=False) as dbg:
+        gather = dbg._buffer.gather
+        dbg._buffer.gather = lambda groups: captured.setdefault("out", gather(groups))
+        model(x).sum().backward()
+        grad = model[0].weight.grad
+        opt.step()
+    assert grad.is_sparse
+    norm = grad.coalesce().values().double().pow(2).sum().sqrt().item()
+    assert captured["out"][1][0].norm == pytest.approx(norm, rel=1e-5)
