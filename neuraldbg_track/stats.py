@@ -135,11 +135,18 @@ def _unit_peak(probe: Probe, x: torch.Tensor) -> torch.Tensor | None:
     if not probe.dead_units:
         return None
     magnitude = x if probe.nonnegative else x.abs()
-    ndim = x.dim()
+    dims = _batch_dims(x.dim(), probe.channel_first)
+    return magnitude.reshape(-1) if dims is None else magnitude.amax(dim=dims)
+
+
+@lru_cache(maxsize=32)
+def _batch_dims(ndim: int, channel_first: bool) -> tuple[int, ...] | None:
+    """The dims reduced to get per-unit values: all but the unit axis (the channel axis for
+    feature maps, the last axis otherwise); None for 0-D/1-D outputs, where each element is a unit."""
     if ndim <= 1:
-        return magnitude.reshape(-1)
-    unit = 1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1
-    return magnitude.amax(dim=tuple(d for d in range(ndim) if d != unit))
+        return None
+    unit = 1 if (ndim >= 4 or (ndim == 3 and channel_first)) else ndim - 1
+    return tuple(d for d in range(ndim) if d != unit)
 
 
 def _saturated(probe: Probe, x: torch.Tensor) -> torch.Tensor | None:
@@ -167,9 +174,9 @@ def _sum_of_squares(x: torch.Tensor) -> torch.Tensor:
 
 
 def sample_activation(probe: Probe, x: torch.Tensor) -> ActivationSample:
-    """Reduce one detached output on its device: one norm kernel (per unit where dead units are
-    judged), plus a count at the bounds for bounded activations; no Welford ``std_mean``, which
-    costs ~30x more on CPU. Shapes are static, so under ``torch.compile`` this adds no graph break."""
+    """Reduce one detached output on its device: its sum of squares, the per-unit peak where dead
+    units are judged, the count at the bounds for bounded activations; no Welford ``std_mean``
+    (~30x slower on CPU). Shapes are static, so under ``torch.compile`` this adds no graph break."""
     return ActivationSample(_sum_of_squares(x), _unit_peak(probe, x), _saturated(probe, x), x.numel())
 
 
@@ -280,11 +287,8 @@ def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -
         saturated = ((stacked - mid if mid else stacked).abs() >= half).sum(every, dtype=squares.dtype)
     if probe.dead_units:
         magnitude = stacked if probe.nonnegative else stacked.abs()
-        if ndim <= 2:  # 1-D outputs: every element is a unit
-            peaks = magnitude
-        else:
-            unit = 1 + (1 if (ndim - 1 >= 4 or (ndim - 1 == 3 and probe.channel_first)) else ndim - 2)
-            peaks = magnitude.amax(dim=tuple(d for d in every if d != unit))
+        dims = _batch_dims(ndim - 1, probe.channel_first)  # of one output; +1 for the stacked dim
+        peaks = magnitude.reshape(m, -1) if dims is None else magnitude.amax(dim=tuple(d + 1 for d in dims))
         units = peaks.shape[1]
         parts.append(peaks.eq(0).sum(1, dtype=squares.dtype))
     else:
@@ -294,13 +298,6 @@ def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -
     layout = [(p.index, x.numel(), units, 2 * m + j if probe.bounds is not None else -1)
               for j, (p, x) in enumerate(items)]
     return _Block(torch.cat(parts), layout)
-
-
-def _units(probe: Probe, x: torch.Tensor) -> int:
-    ndim = x.dim()
-    if ndim <= 1:
-        return x.numel()
-    return x.shape[1 if (ndim >= 4 or (ndim == 3 and probe.channel_first)) else ndim - 1]
 
 
 def _unpack(host: list[float], block: _Block, acts: dict) -> None:
@@ -344,11 +341,13 @@ class StepBuffer:
             return
         if self.record_order:
             self.order[probe.index] = None
-        if x.numel() > TINY or probe.index in self.in_place:
-            self.samples[probe.index] = sample_activation(probe, x)
+        numel = x.numel()
+        if numel > TINY or probe.index in self.in_place:
+            self.samples[probe.index] = ActivationSample(_sum_of_squares(x), _unit_peak(probe, x),
+                                                         _saturated(probe, x), numel)
             return
         self._batch.append((probe, x, x._version))
-        self._batch_bytes += x.numel() * x.element_size()
+        self._batch_bytes += numel * x.element_size()
         if self._batch_bytes >= self.batch_bytes:
             self._reduce_batch()
 
