@@ -171,9 +171,9 @@ def activation_state(stats: ActivationStats, current: str, th: Thresholds, basel
         return DEAD
     if stats.saturated_fraction is not None and stats.saturated_fraction >= sat_at:
         return A_SATURATED
-    if baseline.level is not None and baseline.ready and stats.rms > 0:
-        if abs(math.log10(stats.rms) - baseline.level) >= shift_at:
-            return ANOMALOUS
+    if (baseline.level is not None and baseline.ready and stats.rms > 0
+            and abs(math.log10(stats.rms) - baseline.level) >= shift_at):
+        return ANOMALOUS
     return NORMAL
 
 

@@ -7,17 +7,26 @@ from __future__ import annotations
 import os
 import weakref
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from .classify import (
+    ANOMALOUS,
+    Baseline,
+    NormWindow,
+    activation_state,
+    classify_activation,
+    classify_gradient,
+    gradient_state,
+)
+from .config import ConfigError, Thresholds, WatchConfig, thresholds_from
 from .delivery import delivery_summary, prepare_sink
 from .distributed import EventRelay
-from .classify import ANOMALOUS, Baseline, NormWindow, activation_state, classify_activation, classify_gradient, gradient_state
-from .config import ConfigError, Thresholds, WatchConfig, thresholds_from
 from .events import EventType, SemanticEvent
 from .hooks import Gate, HookSet, Layer, select_layers
 from .sinks import ConsoleSink, FanOut, JsonlSink
@@ -30,7 +39,7 @@ if TYPE_CHECKING:
 
 GRAD = EventType.GRADIENT_HEALTH.value
 ACT = EventType.ACTIVATION_REGIME.value
-_ATTACHED: "weakref.WeakKeyDictionary[nn.Module, NeuralDbg]" = weakref.WeakKeyDictionary()
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, NeuralDbg] = weakref.WeakKeyDictionary()
 
 
 def _is_compiled(model: nn.Module) -> bool:
@@ -99,7 +108,7 @@ class NeuralDbg:
 
     @classmethod
     def from_config(cls, cfg: Any, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    **extra: Any) -> "NeuralDbg":
+                    **extra: Any) -> NeuralDbg:
         """Build from a Hydra/OmegaConf node such as ``cfg.neuraldbg`` (needs ``[hydra]``); bad
         values fail here, naming the key, the value and what is allowed."""
         from .configure import from_config
@@ -115,14 +124,14 @@ class NeuralDbg:
         return JsonlSink(root, run_id)
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def __enter__(self) -> "NeuralDbg":
+    def __enter__(self) -> NeuralDbg:
         return self.attach()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         status = "completed" if exc_type is None else f"stopped by {exc_type.__name__}"
         self.close(status)
 
-    def attach(self) -> "NeuralDbg":
+    def attach(self) -> NeuralDbg:
         """Install the hooks and open the journal (the ``with`` statement calls this)."""
         if self._open or not self.enabled:
             return self
@@ -194,7 +203,7 @@ class NeuralDbg:
         """Parameters judged per layer, for the layers that have any: ``{layer: count}``."""
         return {l.name: sum(p.numel() for p in l.params) for l in self.layers if l.params}
 
-    def explain(self) -> list["CausalHypothesis"]:
+    def explain(self) -> list[CausalHypothesis]:
         """This run's failures as ranked causal hypotheses, most likely first; a healthy run gets one
         "no failure found" hypothesis. See :mod:`neuraldbg_track.reasoner`."""
         from .reasoner import explain

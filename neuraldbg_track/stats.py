@@ -32,8 +32,9 @@ RMS carries the level that the ANOMALOUS rule judges.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn

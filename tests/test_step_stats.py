@@ -42,7 +42,7 @@ def expected_activation(module: nn.Module, y: torch.Tensor, tolerance=0.01):
         dead = (peak == 0).double().mean().item()
     sat = None
     if isinstance(module, nn.Tanh):
-        sat = ((y.abs() >= 1 - 2 * tolerance)).double().mean().item()
+        sat = (y.abs() >= 1 - 2 * tolerance).double().mean().item()
     return rms, dead, sat
 
 
