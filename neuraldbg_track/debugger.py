@@ -31,7 +31,8 @@ from .events import EventType, SemanticEvent
 from .hooks import Gate, HookSet, Layer, select_layers
 from .sinks import ConsoleSink, FanOut, JsonlSink
 from .sinks.jsonl import DEFAULT_ROOT
-from .stats import StepBuffer, recheck_nonfinite
+from .buffer import StepBuffer
+from .stats import recheck_nonfinite
 from .transitions import TransitionDetector
 
 if TYPE_CHECKING:

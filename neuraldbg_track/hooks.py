@@ -16,17 +16,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .buffer import StepBuffer
 from .config import ConfigError, WatchConfig
-from .stats import (
-    AFFINE,
-    CHANNEL_FIRST,
-    NONNEGATIVE,
-    PASS_THROUGH,
-    Probe,
-    StepBuffer,
-    first_tensor,
-    output_bounds,
-)
+from .stats import AFFINE, CHANNEL_FIRST, NONNEGATIVE, PASS_THROUGH, Probe, first_tensor, output_bounds
 
 ROOT_NAME = "<root>"
 

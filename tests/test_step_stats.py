@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-import neuraldbg_track.stats as stats_module
+import neuraldbg_track.buffer as stats_module
 from neuraldbg_track import NeuralDbg
 from tests.helpers import mlp
 
