@@ -271,7 +271,7 @@ def main() -> None:
     ap.add_argument("--scaling", action="store_true", help="the MLP scaling series instead")
     ap.add_argument("--compile", action="store_true", help="add torch.compile variants (slow to warm up)")
     ap.add_argument("--wandb", action="store_true", help="add wandb.watch(log='gradients', log_freq=1), offline")
-    ap.add_argument("--memory", action="store_true", help="add the event-store / RSS check")
+    ap.add_argument("--memory", action="store_true", help="add the event-store check (a flapping statistic over 20,000 steps)")
     ap.add_argument("--rss", action="store_true", help="peak RSS (and CUDA memory) with and without, per process")
     ap.add_argument("--all", action="store_true", help="everything: workloads with --compile --wandb, then "
                     "--scaling, --memory and --rss (the README table; ~25 min on 2 CPU cores)")
