@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from .stats import (LOW_PRECISION, ActivationSample, ActivationStats, GradientStats, Probe, batch_dims, foreach_norms,
-                    is_compiling, l2_norm, sample_activation, saturated_count, sum_of_squares, unit_peak)
+from .stats import (LOW_PRECISION, ActivationSample, ActivationStats, GradientStats, Probe, at_bounds, batch_dims,
+                    foreach_norms, is_compiling, l2_norm, sample_activation, sum_of_squares)
 
 
 TINY = 4096
@@ -95,11 +95,6 @@ def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -
     squares = (stacked * stacked).sum(every)
     parts = [squares]
     units = 0
-    if probe.bounds is not None:
-        low, high = probe.bounds
-        margin = probe.tolerance * (high - low)
-        mid, half = (high + low) / 2, (high - low) / 2 - margin
-        saturated = ((stacked - mid if mid else stacked).abs() >= half).sum(every, dtype=squares.dtype)
     if probe.dead_units:
         magnitude = stacked if probe.nonnegative else stacked.abs()
         dims = batch_dims(ndim - 1, probe.channel_first)  # of one output; +1 for the stacked dim
@@ -109,7 +104,7 @@ def _tiny_block(items: list[tuple[Probe, torch.Tensor]], device: torch.device) -
     else:
         parts.append(torch.zeros(m, device=device, dtype=squares.dtype))
     if probe.bounds is not None:
-        parts.append(saturated)
+        parts.append(at_bounds(probe, stacked).sum(every, dtype=squares.dtype))
     layout = [(p.index, x.numel(), units, 2 * m + j if probe.bounds is not None else -1)
               for j, (p, x) in enumerate(items)]
     return _Block(torch.cat(parts), layout)
@@ -158,8 +153,7 @@ class StepBuffer:
             self.order[probe.index] = None
         numel = x.numel()
         if numel > TINY or probe.index in self.in_place:
-            self.samples[probe.index] = ActivationSample(sum_of_squares(x), unit_peak(probe, x),
-                                                         saturated_count(probe, x), numel)
+            self.samples[probe.index] = sample_activation(probe, x)
             return
         self._batch.append((probe, x, x._version))
         self._batch_bytes += numel * x.element_size()

@@ -133,13 +133,15 @@ def batch_dims(ndim: int, channel_first: bool) -> tuple[int, ...] | None:
     return tuple(d for d in range(ndim) if d != unit)
 
 
+def at_bounds(probe: Probe, x: torch.Tensor) -> torch.Tensor:
+    """Which outputs of a bounded activation sit within ``tolerance`` of its range's ends."""
+    low, high = probe.bounds  # type: ignore[misc]
+    mid, half = (high + low) / 2, (high - low) / 2 - probe.tolerance * (high - low)
+    return (x - mid if mid else x).abs() >= half
+
+
 def saturated_count(probe: Probe, x: torch.Tensor) -> torch.Tensor | None:
-    if probe.bounds is None:
-        return None
-    low, high = probe.bounds
-    margin = probe.tolerance * (high - low)
-    mid, half = (high + low) / 2, (high - low) / 2 - margin
-    return torch.count_nonzero((x - mid if mid else x).abs() >= half)
+    return None if probe.bounds is None else torch.count_nonzero(at_bounds(probe, x))
 
 
 def l2_norm(x: torch.Tensor) -> torch.Tensor:
